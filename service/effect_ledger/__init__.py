@@ -1,0 +1,1 @@
+"""effect-ledger: safe retries for side effects."""

@@ -1,0 +1,1 @@
+"""Pure rules of the ledger: no I/O."""
