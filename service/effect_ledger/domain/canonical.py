@@ -1,0 +1,179 @@
+"""RFC 8785 JSON Canonicalization Scheme (JCS) and the intent digest built on it."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "CanonicalizationError",
+    "canonical_json",
+    "intent_digest",
+    "serialize_number",
+]
+
+DEFAULT_MAX_DEPTH = 64
+
+# Integers up to 2**53 are exactly representable as IEEE-754 doubles, so printing them
+# directly gives the same text as ES6 would; beyond that ES6 would have rounded them.
+_MAX_EXACT_INT = 2**53
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# JCS uses the ES6 JSON.stringify escapes: six short forms, other C0 controls as \u00xx
+# (lowercase hex), and every other character literal (no \u escapes for non-ASCII).
+_ESCAPES: dict[int, str] = {code: f"\\u{code:04x}" for code in range(0x20)}
+_ESCAPES.update(
+    {
+        ord("\b"): "\\b",
+        ord("\t"): "\\t",
+        ord("\n"): "\\n",
+        ord("\f"): "\\f",
+        ord("\r"): "\\r",
+        ord('"'): '\\"',
+        ord("\\"): "\\\\",
+    }
+)
+
+
+class CanonicalizationError(ValueError):
+    """A value has no RFC 8785 canonical form."""
+
+
+def canonical_json(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
+    """Return the RFC 8785 canonical UTF-8 encoding of a JSON-like Python value."""
+    parts: list[str] = []
+    try:
+        _write(value, parts, 0, max_depth)
+    except RecursionError as exc:  # only reachable when a caller raises max_depth very high
+        raise CanonicalizationError("value is nested too deeply") from exc
+    return "".join(parts).encode("utf-8")
+
+
+def intent_digest(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """Return "sha256:" plus the lowercase hex SHA-256 of the value's canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical_json(value, max_depth=max_depth)).hexdigest()
+
+
+def _write(value: object, parts: list[str], depth: int, max_depth: int) -> None:
+    # bool before int: bool is a subclass of int, but JSON has distinct literals for it.
+    if value is None:
+        parts.append("null")
+    elif value is True:
+        parts.append("true")
+    elif value is False:
+        parts.append("false")
+    elif isinstance(value, str):
+        parts.append(_serialize_string(value))
+    elif isinstance(value, int):
+        parts.append(_serialize_int(value))
+    elif isinstance(value, float):
+        parts.append(serialize_number(value))
+    elif isinstance(value, dict):
+        _check_depth(depth, max_depth)
+        _write_object(value, parts, depth + 1, max_depth)
+    elif isinstance(value, list | tuple):
+        _check_depth(depth, max_depth)
+        parts.append("[")
+        for index, item in enumerate(value):
+            if index:
+                parts.append(",")
+            _write(item, parts, depth + 1, max_depth)
+        parts.append("]")
+    else:
+        raise CanonicalizationError(f"unsupported type: {type(value).__name__}")
+
+
+def _check_depth(depth: int, max_depth: int) -> None:
+    if depth >= max_depth:
+        raise CanonicalizationError(f"nesting deeper than {max_depth} levels")
+
+
+def _write_object(value: dict[object, object], parts: list[str], depth: int, max_depth: int) -> None:
+    members: dict[str, object] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise CanonicalizationError(f"object key is not a string: {type(key).__name__}")
+        name = _well_formed(key)
+        # Two Python keys can denote one JSON name (a split surrogate pair and the combined
+        # character); JCS output must not repeat a name, so that input has no canonical form.
+        if name in members:
+            raise CanonicalizationError("duplicate object key after normalisation")
+        members[name] = item
+    parts.append("{")
+    # RFC 8785 section 3.2.3: sort by UTF-16 code units; big-endian UTF-16 bytes compare
+    # in exactly that order (unlike code points, which misorder astral vs. U+E000..U+FFFF).
+    for index, name in enumerate(sorted(members, key=lambda k: k.encode("utf-16-be"))):
+        if index:
+            parts.append(",")
+        parts.append(_serialize_string(name))
+        parts.append(":")
+        _write(members[name], parts, depth, max_depth)
+    parts.append("}")
+
+
+def _well_formed(text: str) -> str:
+    """Return text with surrogate pairs combined, or raise on a lone surrogate."""
+    if _SURROGATE.search(text) is None:
+        return text
+    try:
+        # Round-tripping through UTF-16 joins valid pairs and rejects lone halves.
+        return text.encode("utf-16-be", "surrogatepass").decode("utf-16-be")
+    except UnicodeDecodeError as exc:
+        raise CanonicalizationError("string contains a lone surrogate") from exc
+
+
+def _serialize_string(text: str) -> str:
+    return '"' + _well_formed(text).translate(_ESCAPES) + '"'
+
+
+def _serialize_int(value: int) -> str:
+    if -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT:
+        return str(value)
+    try:
+        as_float = float(value)
+    except OverflowError as exc:
+        raise CanonicalizationError("integer is outside the IEEE-754 double range") from exc
+    return serialize_number(as_float)
+
+
+def serialize_number(value: float) -> str:
+    """Return the ES6 Number.prototype.toString text of a finite double."""
+    if not math.isfinite(value):
+        raise CanonicalizationError(f"non-finite number: {value!r}")
+    if value == 0:
+        return "0"  # covers -0.0, which ES6 also prints as "0"
+    sign = "-" if value < 0 else ""
+    digits, point = _shortest_digits(abs(value))
+    return sign + _es6_layout(digits, point)
+
+
+def _shortest_digits(magnitude: float) -> tuple[str, int]:
+    """Return (digits, n) with magnitude == 0.digits * 10**n, digits shortest round-trip."""
+    # repr() yields the shortest digit string that round-trips, the same digits ES6
+    # requires (both pick the one closest to the exact value when several are shortest).
+    mantissa, _, exponent_text = repr(magnitude).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    point = len(whole) + (int(exponent_text) if exponent_text else 0)
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    return stripped.rstrip("0"), point
+
+
+def _es6_layout(digits: str, n: int) -> str:
+    # The four cases of ECMA-262 Number::toString, with k digits and value = 0.digits * 10**n.
+    k = len(digits)
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * -n + digits
+    exponent = n - 1
+    exponent_text = ("+" if exponent >= 0 else "-") + str(abs(exponent))
+    if k == 1:
+        return digits + "e" + exponent_text
+    return digits[0] + "." + digits[1:] + "e" + exponent_text
