@@ -1,1 +1,3 @@
 """effect-ledger: safe retries for side effects."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,21 @@
+"""Alembic environment: migrations are raw SQL run through psycopg 3, one transaction per run."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from effect_ledger.db.urls import sqlalchemy_url
+from effect_ledger.settings import Settings
+
+config = context.config
+url = config.get_main_option("effect_ledger.url") or Settings.from_env().database_url
+if not url:
+    raise SystemExit("EFFECT_LEDGER_DATABASE_URL is not set")
+
+engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection, transaction_per_migration=False)
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()

@@ -1,0 +1,119 @@
+"""One entry point: serve, migrate, token (and the commands the other modules add)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any
+
+from effect_ledger.settings import Settings
+
+Command = Callable[[argparse.Namespace, Settings], int]
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str) -> Callable[[Command], Command]:
+    """Register a subcommand."""
+
+    def register(fn: Command) -> Command:
+        COMMANDS[name] = fn
+        return fn
+
+    return register
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """Every setting as a flag named like its variable: EFFECT_LEDGER_JWT_SECRET <-> --jwt-secret."""
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        default = Settings.__dataclass_fields__[f.name].default
+        kind: Any = int if isinstance(default, int) and not isinstance(default, bool) else str
+        parser.add_argument(flag, dest=f.name, type=kind, default=None, help=f"EFFECT_LEDGER_{f.name.upper()}")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
+    if isinstance(overrides.get("background_sweep"), str):
+        overrides["background_sweep"] = overrides["background_sweep"].lower() in ("1", "true", "yes", "on")
+    return Settings.from_env(**overrides)
+
+
+@command("serve")
+def serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
+    import uvicorn
+
+    from effect_ledger.logs import configure_logging
+    from effect_ledger.runtime import database, export_settings, with_jwt_secret
+
+    configure_logging(settings.log_level)
+    settings = with_jwt_secret(settings)
+    with database(settings, run_migrations=not settings.database_url) as ready:
+        export_settings(ready)
+        uvicorn.run(
+            "effect_ledger.http.app:app_from_env",
+            factory=True,
+            host=ready.host,
+            port=ready.port,
+            workers=ready.workers if ready.workers > 1 else None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
+            lifespan="on",
+        )
+    return 0
+
+
+@command("migrate")
+def migrate_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Migrate the configured database (or the embedded one) to the newest schema."""
+    from effect_ledger.runtime import database
+
+    with database(settings, run_migrations=True):
+        print("migrated to head")
+    return 0
+
+
+@command("token")
+def token_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Print a development token signed with the configured (or development) HS256 secret."""
+    from effect_ledger.http.auth import mint_token
+    from effect_ledger.runtime import with_jwt_secret
+
+    settings = with_jwt_secret(settings)
+    if settings.jwt_algorithm != "HS256" or not settings.jwt_secret:
+        print("effect-ledger token mints HS256 tokens only", file=sys.stderr)
+        return 2
+    print(mint_token(settings.jwt_secret, args.tenant, args.sub, args.scope, settings, args.ttl))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="effect-ledger", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("serve", "migrate", "sweep", "purge"):
+        _add_setting_flags(sub.add_parser(name, help=name))
+    token = sub.add_parser("token", help="mint a development token")
+    _add_setting_flags(token)
+    token.add_argument("--tenant", required=True)
+    token.add_argument("--sub", required=True)
+    token.add_argument("--scope", default="ledger:execute")
+    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command named on the command line."""
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS.get(args.command)
+    if handler is None:
+        print(f"effect-ledger {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    return handler(args, _settings(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Everything that talks to PostgreSQL."""

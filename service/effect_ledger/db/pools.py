@@ -1,0 +1,107 @@
+"""asyncpg pools: one per role, every connection with timeouts and JSON codecs; tenant transactions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+from effect_ledger.domain.errors import DatabaseUnavailable
+from effect_ledger.settings import Settings
+
+# Failures that mean "the database is unreachable, restarting or overloaded": answered 503, retryable.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash recovery, query cancelled
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
+
+
+def _encode_json(value: Any) -> str:
+    return msgspec.json.encode(value).decode("utf-8")
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for name in ("jsonb", "json"):
+        await conn.set_type_codec(name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog")
+
+
+def _server_settings(settings: Settings) -> dict[str, str]:
+    return {
+        "application_name": "effect-ledger",
+        "statement_timeout": str(settings.statement_timeout_ms),
+        "lock_timeout": str(settings.lock_timeout_ms),
+        "idle_in_transaction_session_timeout": str(settings.idle_in_transaction_timeout_ms),
+    }
+
+
+async def create_role_pool(settings: Settings, role: str, size: int) -> asyncpg.Pool:
+    """A pool logged in as `role`: from its own URL when configured, else derived from the owner URL."""
+    explicit = settings.runtime_database_url if role == RUNTIME_ROLE else settings.reader_database_url
+    kwargs: dict[str, Any] = {}
+    if explicit:
+        dsn = explicit
+    else:
+        if not settings.database_url:
+            raise ValueError("no database URL configured")
+        dsn = settings.database_url
+        kwargs = {"user": role, "password": derived_password(settings.database_url, role)}
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        init=_init_connection,
+        server_settings=_server_settings(settings),
+        max_inactive_connection_lifetime=60,
+        **kwargs,
+    )
+    assert pool is not None
+    return pool
+
+
+@dataclass
+class Pools:
+    """The runtime pool (executors, reconcilers, auditors) and the diagnostics reader pool."""
+
+    runtime: asyncpg.Pool
+    reader: asyncpg.Pool | None
+    acquire_timeout: float
+
+    @classmethod
+    async def open(cls, settings: Settings, *, reader: bool = True) -> Pools:
+        """Open both pools for the configured database."""
+        runtime = await create_role_pool(settings, RUNTIME_ROLE, settings.pool_size)
+        reader_pool = await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
+        return cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000)
+
+    async def close(self) -> None:
+        """Close every pool, waiting for connections in use to be released."""
+        for pool in (self.runtime, self.reader):
+            if pool is not None:
+                await pool.close()
+
+
+@asynccontextmanager
+async def tenant_tx(
+    pool: asyncpg.Pool, tenant: str, timeout: float, phase: str = "transaction"
+) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
+    try:
+        async with pool.acquire(timeout=timeout) as conn, conn.transaction():
+            context = await conn.fetchrow(sql("tenant_context"), tenant)
+            yield conn, context["db_now"]
+    except UNAVAILABLE as exc:
+        raise DatabaseUnavailable(phase, type(exc).__name__) from exc

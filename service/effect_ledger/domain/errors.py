@@ -1,0 +1,76 @@
+"""The one error taxonomy: every failure the service reports has a stable code mapped to one status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# code -> (HTTP status, title). The only place a code meets a status.
+PROBLEMS: dict[str, tuple[int, str]] = {
+    "malformed_request": (400, "Malformed request"),
+    "unauthenticated": (401, "Unauthenticated"),
+    "forbidden": (403, "Forbidden"),
+    "not_found": (404, "Not found"),
+    "method_not_allowed": (405, "Method not allowed"),
+    "operation_in_progress": (409, "Operation in progress"),
+    "outcome_unknown": (409, "Outcome unknown"),
+    "stale_claim": (409, "Stale claim"),
+    "invalid_transition": (409, "Invalid transition"),
+    "conflicting_outcome": (409, "Conflicting outcome"),
+    "payload_too_large": (413, "Payload too large"),
+    "unsupported_media_type": (415, "Unsupported media type"),
+    "intent_conflict": (422, "Intent conflict"),
+    "validation_failed": (422, "Validation failed"),
+    "sensitive_value_rejected": (422, "Sensitive value rejected"),
+    "rate_limited": (429, "Rate limited"),
+    "internal": (500, "Internal error"),
+    "unavailable": (503, "Service unavailable"),
+}
+
+
+@dataclass
+class LedgerError(Exception):
+    """Root of every error the service reports; `detail` is written from controlled fields only."""
+
+    code: str
+    detail: str
+    extensions: dict[str, Any] = field(default_factory=dict)
+    retry_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.code not in PROBLEMS:
+            raise ValueError(f"unknown problem code {self.code!r}")
+        super().__init__(self.code)
+
+    @property
+    def status(self) -> int:
+        """The HTTP status that this code always maps to."""
+        return PROBLEMS[self.code][0]
+
+    @property
+    def title(self) -> str:
+        """The fixed, human-readable title of this code."""
+        return PROBLEMS[self.code][1]
+
+
+def validation_failed(errors: list[tuple[str, str]]) -> LedgerError:
+    """A 422 listing each offending field and what is wrong with it."""
+    return LedgerError(
+        "validation_failed",
+        "The request does not satisfy the contract; see errors.",
+        {"errors": [{"field": f, "problem": p} for f, p in errors]},
+    )
+
+
+def not_found(what: str = "operation") -> LedgerError:
+    """A 404 that reads the same whether the thing is absent or belongs to another tenant."""
+    return LedgerError("not_found", f"No such {what}.")
+
+
+class DatabaseUnavailable(Exception):  # noqa: N818 - it names a condition, like TimeoutError
+    """The database could not be reached or is overloaded; raised by db/, mapped to 503."""
+
+    def __init__(self, phase: str, exception_type: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+        self.exception_type = exception_type

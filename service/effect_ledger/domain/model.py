@@ -1,0 +1,127 @@
+"""The operation as the ledger holds it, its effective status, and the public view of it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from effect_ledger.domain.timefmt import format_ts
+
+PENDING: Final = "pending"
+SUBMITTED: Final = "submitted"
+COMMITTED: Final = "committed"
+NOT_APPLIED: Final = "not_applied"
+UNKNOWN: Final = "unknown"
+STATUSES: Final = (PENDING, SUBMITTED, COMMITTED, NOT_APPLIED, UNKNOWN)
+TERMINAL: Final = frozenset({COMMITTED, NOT_APPLIED})
+BINDING_FIELDS: Final = ("principal", "tool", "tool_version", "intent_digest")
+DEFAULT_LEASE_SECONDS: Final = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What an operation ID is bound to at its first claim; it never changes."""
+
+    principal: str
+    tool: str
+    tool_version: str
+    intent_digest: str
+
+    def mismatched(self, other: Binding) -> list[str]:
+        """Names of the binding fields on which two bindings differ, in contract order."""
+        return [name for name in BINDING_FIELDS if getattr(self, name) != getattr(other, name)]
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One row of the operations table plus the database clock at which it was read."""
+
+    operation_id: str
+    binding: Binding
+    status: str
+    attempt: int
+    claim_token_hash: bytes
+    client_nonce_hash: bytes | None
+    sealed_token: bytes | None
+    lease_seconds: int
+    lease_expires_at: datetime | None
+    effect_ref: str | None
+    receipt: dict[str, Any] | None
+    not_applied_reason: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    resolved_at: datetime | None
+    resolved_by: str | None
+    last_seq: int
+    last_hash: str
+    now: datetime = field(compare=False)
+
+    @property
+    def lease_live(self) -> bool:
+        """Whether a lease is held at the database clock `now`."""
+        return self.lease_expires_at is not None and self.lease_expires_at > self.now
+
+    @property
+    def lease_expired(self) -> bool:
+        """Whether the operation has a lease and that lease has run out."""
+        return self.lease_expires_at is not None and self.lease_expires_at <= self.now
+
+    @property
+    def effective_status(self) -> str:
+        """A submitted operation whose lease has expired *is* unknown, swept or not."""
+        if self.status == SUBMITTED and not self.lease_live:
+            return UNKNOWN
+        return self.status
+
+    def retry_after_seconds(self) -> int:
+        """Whole seconds until the lease runs out, at least 1."""
+        if self.lease_expires_at is None:
+            return 1
+        remaining = (self.lease_expires_at - self.now) / timedelta(seconds=1)
+        return max(1, math.ceil(remaining))
+
+
+def operation_view(op: Operation) -> dict[str, Any]:
+    """The operation view of API.md section 5."""
+    return {
+        "operation_id": op.operation_id,
+        "principal": op.binding.principal,
+        "tool": op.binding.tool,
+        "tool_version": op.binding.tool_version,
+        "intent_digest": op.binding.intent_digest,
+        "status": op.effective_status,
+        "attempt": op.attempt,
+        "lease_expires_at": format_ts(op.lease_expires_at),
+        "lease_expired": op.lease_expired,
+        "effect_ref": op.effect_ref,
+        "receipt": op.receipt,
+        "not_applied_reason": op.not_applied_reason,
+        "created_at": format_ts(op.created_at),
+        "updated_at": format_ts(op.updated_at),
+        "submitted_at": format_ts(op.submitted_at),
+        "resolved_at": format_ts(op.resolved_at),
+        "resolved_by": op.resolved_by,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """An event to append in the same transaction as the state change it records."""
+
+    kind: str
+    actor: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The new state of an operation (None: unchanged) and the events that record the change."""
+
+    state: Operation | None
+    events: tuple[EventDraft, ...]

@@ -1,0 +1,1 @@
+"""The HTTP surface: Litestar app, controllers per audience, auth guards, problem+json."""

@@ -1,0 +1,66 @@
+"""The composition root: builds the Litestar app with its pools, verifier, routes and error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from effect_ledger import __version__
+from effect_ledger.db.ledger import Ledger
+from effect_ledger.db.migrate import head_revision
+from effect_ledger.db.pools import Pools
+from effect_ledger.http.auth import TokenVerifier
+from effect_ledger.http.executor import ExecutorController
+from effect_ledger.http.health import livez, readyz
+from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from effect_ledger.settings import Settings
+
+ROUTES: list[Any] = [ExecutorController, livez, readyz]
+
+
+def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
+    """Build the app for `settings`; pools open at start-up and close at shutdown."""
+    verifier = TokenVerifier(settings, jwt_secret)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        pools = await Pools.open(settings)
+        app.state.pools = pools
+        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout)
+        try:
+            yield
+        finally:
+            await pools.close()
+
+    app = Litestar(
+        route_handlers=ROUTES,
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=[lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="effect-ledger",
+            version=__version__,
+            description="Claims, fenced transitions, receipts and reconciliation for side effects.",
+            path="/schema",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        debug=False,
+    )
+    app.state.verifier = verifier
+    app.state.migration_head = head_revision()
+    app.state.settings = settings
+    return app
+
+
+def app_from_env() -> Litestar:
+    """Factory for multi-worker servers: each worker reads the settings its parent put in the environment."""
+    from effect_ledger.logs import configure_logging
+
+    settings = Settings.from_env()
+    configure_logging(settings.log_level)
+    return create_app(settings)

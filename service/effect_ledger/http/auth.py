@@ -1,0 +1,138 @@
+"""Bearer JWT verification and per-route scope guards; tenant and principal come only from the token."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.types import Guard
+
+from effect_ledger.domain.errors import LedgerError
+from effect_ledger.settings import Settings
+
+EXECUTE = "ledger:execute"
+RECONCILE = "ledger:reconcile"
+AUDIT = "ledger:audit"
+DIAG_WRITE = "diagnostics:write"
+DIAG_READ = "diagnostics:read"
+ALL_SCOPES = (EXECUTE, RECONCILE, AUDIT, DIAG_WRITE, DIAG_READ)
+MAX_TOKEN_BYTES = 8192
+REQUIRED_CLAIMS = ["sub", "tenant", "exp", "iat", "aud", "iss"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as the verified token says."""
+
+    tenant: str
+    principal: str
+    scopes: frozenset[str]
+
+
+def _unauthenticated(detail: str) -> LedgerError:
+    return LedgerError("unauthenticated", detail)
+
+
+class TokenVerifier:
+    """Verifies bearer tokens with exactly one configured algorithm and key."""
+
+    def __init__(self, settings: Settings, secret: str | None = None) -> None:
+        self.algorithm = settings.jwt_algorithm
+        self.audience = settings.jwt_audience
+        self.issuer = settings.jwt_issuer
+        self._jwks: jwt.PyJWKSet | None = None
+        self._key: Any
+        if self.algorithm == "HS256":
+            key = secret or settings.jwt_secret
+            if not key:
+                raise ValueError("HS256 needs EFFECT_LEDGER_JWT_SECRET")
+            self._key = key
+        elif self.algorithm in ("RS256", "ES256", "EdDSA"):
+            if not settings.jwt_public_key_file:
+                raise ValueError(f"{self.algorithm} needs EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE")
+            text = Path(settings.jwt_public_key_file).read_text()
+            if text.lstrip().startswith("{"):
+                self._jwks = jwt.PyJWKSet.from_dict(json.loads(text))
+            else:
+                self._key = text
+        else:
+            raise ValueError(f"unsupported JWT algorithm {self.algorithm!r}")
+
+    def _key_for(self, token: str) -> Any:
+        if self._jwks is None:
+            return self._key
+        kid = jwt.get_unverified_header(token).get("kid")
+        for key in self._jwks.keys:
+            if kid is None or key.key_id == kid:
+                return key.key
+        raise _unauthenticated("The token's key is not known.")
+
+    def verify(self, token: str) -> Caller:
+        """The caller of a valid token; every failure is the same 401 with a controlled detail."""
+        if len(token) > MAX_TOKEN_BYTES:
+            raise _unauthenticated("The bearer token is too large.")
+        try:
+            claims = jwt.decode(
+                token,
+                self._key_for(token),
+                algorithms=[self.algorithm],
+                audience=self.audience,
+                issuer=self.issuer,
+                options={"require": REQUIRED_CLAIMS, "verify_iat": True},
+            )
+        except jwt.ExpiredSignatureError:
+            raise _unauthenticated("The bearer token has expired.") from None
+        except (jwt.PyJWTError, ValueError, TypeError):
+            raise _unauthenticated("The bearer token is not valid for this service.") from None
+        tenant, subject, scope = claims.get("tenant"), claims.get("sub"), claims.get("scope", "")
+        if not isinstance(tenant, str) or not tenant or not isinstance(subject, str) or not subject:
+            raise _unauthenticated("The bearer token lacks a tenant or subject.")
+        if not isinstance(scope, str):
+            raise _unauthenticated("The bearer token's scope is not a string.")
+        return Caller(tenant, subject, frozenset(scope.split()))
+
+
+def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
+    """Verify the request's bearer token once and remember the caller on the connection."""
+    cached = connection.scope.get("effect_ledger.caller")
+    if isinstance(cached, Caller):
+        return cached
+    header = connection.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthenticated("A bearer token is required.")
+    verifier: TokenVerifier = connection.app.state.verifier
+    caller = verifier.verify(token.strip())
+    connection.scope["effect_ledger.caller"] = caller  # type: ignore[typeddict-unknown-key]
+    return caller
+
+
+def requires(*scopes: str) -> Guard:
+    """A guard admitting a valid token holding any of `scopes` (none named: any valid token)."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        caller = authenticate(connection)
+        if scopes and caller.scopes.isdisjoint(scopes):
+            raise LedgerError("forbidden", "The token lacks the scope this call needs.")
+
+    return guard
+
+
+def mint_token(
+    secret: str, tenant: str, subject: str, scope: str, settings: Settings, ttl_seconds: int = 3600,
+    now: int | None = None,
+) -> str:
+    """A development HS256 token with the claims the service requires."""
+    import time
+
+    issued = int(time.time()) if now is None else now
+    claims = {
+        "sub": subject, "tenant": tenant, "scope": scope, "iat": issued, "exp": issued + ttl_seconds,
+        "aud": settings.jwt_audience, "iss": settings.jwt_issuer,
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")

@@ -1,0 +1,22 @@
+"""Liveness (no database), readiness (pool and migrations at head)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from effect_ledger.db.health import database_ready
+
+
+@get("/livez", include_in_schema=True, tags=["operations"])
+async def livez() -> dict[str, str]:
+    """The process is alive; never touches the database, so a database blip restarts no pod."""
+    return {"status": "ok"}
+
+
+@get("/readyz", tags=["operations"])
+async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """Ready when the runtime pool answers and the schema is at the newest migration."""
+    ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head)
+    return Response({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)

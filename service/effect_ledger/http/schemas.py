@@ -1,0 +1,146 @@
+"""Request bodies as strict msgspec structs (unknown fields rejected), plus the checks types cannot say."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, intent_digest
+from effect_ledger.domain.errors import validation_failed
+from effect_ledger.domain.timefmt import format_ts, parse_ts
+
+OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+MAX_INTENT_BYTES = 64 * 1024
+MAX_RESULT_BYTES = 16 * 1024
+
+LeaseSeconds = Annotated[int, Meta(ge=1, le=3600)]
+Name = Annotated[str, Meta(min_length=1, max_length=200)]
+Token = Annotated[str, Meta(min_length=1, max_length=200)]
+Digest = Annotated[str, Meta(pattern=DIGEST_PATTERN)]
+Outcome = Literal["committed", "not_applied", "unknown"]
+Category = Literal["rejected", "validation", "unauthorized", "cancelled_before_submit", "other"]
+
+
+class ClaimBody(Struct, forbid_unknown_fields=True):
+    """POST /v1/operations/{id}/claim."""
+
+    tool: Name
+    tool_version: Annotated[str, Meta(min_length=1, max_length=100)]
+    intent: Any | UnsetType = UNSET
+    intent_digest: Digest | UnsetType = UNSET
+    lease_seconds: LeaseSeconds = 30
+    client_nonce: Annotated[str, Meta(min_length=16, max_length=128)] | None = None
+
+
+class SubmitBody(Struct, forbid_unknown_fields=True):
+    """POST /v1/operations/{id}/submit."""
+
+    token: Token
+    effect_ref: Annotated[str, Meta(max_length=256)] | None = None
+    lease_seconds: LeaseSeconds | None = None
+
+
+class HeartbeatBody(Struct, forbid_unknown_fields=True):
+    """POST /v1/operations/{id}/heartbeat."""
+
+    token: Token
+    lease_seconds: LeaseSeconds | None = None
+
+
+class ReceiptBody(Struct, forbid_unknown_fields=True):
+    """A receipt as reported; recorded_by and recorded_at are added by the ledger."""
+
+    external_ref: Annotated[str, Meta(min_length=1, max_length=512)] | None = None
+    result_digest: Digest | None = None
+    result: Any = None
+    observed_at: str | None = None
+
+
+class ReasonBody(Struct, forbid_unknown_fields=True):
+    """Why an effect did not apply."""
+
+    category: Category
+    detail_code: Annotated[str, Meta(min_length=1, max_length=100)] | None = None
+
+
+class CompleteBody(Struct, forbid_unknown_fields=True):
+    """POST /v1/operations/{id}/complete."""
+
+    token: Token
+    outcome: Outcome
+    receipt: ReceiptBody | None = None
+    reason: ReasonBody | None = None
+    diagnostics: dict[str, Any] | None = None
+
+
+def check_operation_id(operation_id: str) -> None:
+    """Operation IDs are 1-200 characters of [A-Za-z0-9._:~-]."""
+    if not OPERATION_ID.match(operation_id):
+        raise validation_failed([("operation_id", "must be 1-200 characters of [A-Za-z0-9._:~-]")])
+
+
+def claim_digest(body: ClaimBody) -> str:
+    """The intent digest of a claim: computed from `intent` or taken from `intent_digest`, never both."""
+    has_intent, has_digest = body.intent is not UNSET, body.intent_digest is not UNSET
+    if has_intent == has_digest:
+        raise validation_failed([("intent", "send exactly one of intent and intent_digest")])
+    if isinstance(body.intent_digest, str):
+        return body.intent_digest
+    try:
+        canonical = canonical_json(body.intent)
+    except CanonicalizationError:
+        raise validation_failed([("intent", "is not representable as canonical JSON")]) from None
+    if len(canonical) > MAX_INTENT_BYTES:
+        raise validation_failed([("intent", "is larger than 64 KiB")])
+    return intent_digest(body.intent)
+
+
+def receipt_content(receipt: ReceiptBody | None, outcome: str, field: str = "receipt") -> dict[str, Any] | None:
+    """The receipt's content fields, normalised; committed needs one, other outcomes none."""
+    if outcome != "committed":
+        if receipt is not None:
+            raise validation_failed([(field, "only a committed outcome carries a receipt")])
+        return None
+    if receipt is None:
+        raise validation_failed([(field, "a committed outcome needs a receipt")])
+    if receipt.external_ref is None and receipt.result_digest is None and receipt.result is None:
+        raise validation_failed([(field, "needs at least one of external_ref, result_digest, result")])
+    try:
+        if receipt.result is not None and len(canonical_json(receipt.result)) > MAX_RESULT_BYTES:
+            raise validation_failed([(f"{field}.result", "is larger than 16 KiB")])
+    except CanonicalizationError:
+        raise validation_failed([(f"{field}.result", "is not representable as canonical JSON")]) from None
+    observed = None
+    if receipt.observed_at is not None:
+        try:
+            observed = format_ts(parse_ts(receipt.observed_at))
+        except ValueError:
+            raise validation_failed([(f"{field}.observed_at", "must be an RFC 3339 timestamp")]) from None
+    return {
+        "external_ref": receipt.external_ref,
+        "result_digest": receipt.result_digest,
+        "result": receipt.result,
+        "observed_at": observed,
+    }
+
+
+def reason_content(reason: ReasonBody | None, outcome: str) -> dict[str, Any] | None:
+    """The reason of a not_applied outcome; other outcomes carry none."""
+    if outcome != "not_applied":
+        if reason is not None:
+            raise validation_failed([("reason", "only a not_applied outcome carries a reason")])
+        return None
+    if reason is None:
+        raise validation_failed([("reason", "a not_applied outcome needs a reason")])
+    return {"category": reason.category, "detail_code": reason.detail_code}
+
+
+def to_builtins(value: Struct) -> dict[str, Any]:
+    """A struct as plain JSON-ready data."""
+    result = msgspec.to_builtins(value)
+    assert isinstance(result, dict)
+    return result

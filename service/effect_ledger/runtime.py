@@ -1,0 +1,44 @@
+"""Bring a database up for the service: the configured server, or the embedded one, migrated."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from effect_ledger.db.embedded import dev_jwt_secret, start_embedded, stop_embedded
+from effect_ledger.db.migrate import migrate
+from effect_ledger.settings import Settings
+
+
+@contextmanager
+def database(settings: Settings, *, run_migrations: bool) -> Iterator[Settings]:
+    """Settings with a database URL: the configured one, or an embedded PostgreSQL stopped on exit."""
+    server: Any = None
+    if not settings.database_url:
+        server, url = start_embedded(settings.data_path)
+        settings = settings.with_database(url)
+    try:
+        if run_migrations:
+            asyncio.run(migrate(settings))
+        yield settings
+    finally:
+        if server is not None:
+            stop_embedded(server)
+
+
+def with_jwt_secret(settings: Settings) -> Settings:
+    """HS256 without a configured secret uses (and creates) the development secret in the data dir."""
+    if settings.jwt_algorithm == "HS256" and not settings.jwt_secret:
+        return replace(settings, jwt_secret=dev_jwt_secret(settings.data_path))
+    return settings
+
+
+def export_settings(settings: Settings) -> None:
+    """Put the resolved settings into the environment, where server workers read them."""
+    for name, value in vars(settings).items():
+        if value is not None:
+            os.environ["EFFECT_LEDGER_" + name.upper()] = str(value)
