@@ -55,6 +55,7 @@ POSITIVES = [
     pytest.param("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", id="generic-hex-64"),
     pytest.param("https://svc:" + "hunter22@db.example.com/ledger", id="url-with-password"),
     pytest.param("https://b.s3.amazonaws.com/k?X-Amz-Signature=" + "0a1b2c3d4e5f6789", id="presigned-url"),
+    pytest.param("clt_" + base64.urlsafe_b64encode(bytes(range(32))).rstrip(b"=").decode(), id="claim-token"),
     pytest.param("password=" + "hunter22", id="password-assignment"),
     pytest.param("api_key: " + "a1b2c3d4e5", id="api-key-assignment"),
 ]

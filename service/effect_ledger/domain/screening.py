@@ -25,6 +25,7 @@ _VENDOR_KEYS = re.compile(
     | (?<![A-Za-z0-9_])whsec_[A-Za-z0-9+/=]{24,}                           # Stripe webhook secret
     | (?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])             # Google API key
     | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY(?:\ BLOCK)?-----                  # PEM / PGP private key
+    | (?<![A-Za-z0-9_])clt_[A-Za-z0-9_-]{40,}                              # claim tokens, domain/tokens
     """,
     re.VERBOSE,
 )
