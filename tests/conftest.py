@@ -19,11 +19,12 @@ import uvicorn
 
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
+from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
 from effect_ledger.http.app import create_app
 from effect_ledger.http.auth import ALL_SCOPES, mint_token
 from effect_ledger.settings import Settings
 
-TEST_SECRET = "test-secret-for-effect-ledger-tests-only-0123456789"
+TEST_SECRET = "test-secret-for-effect-ledger-tests-only-0123456789-abcdefghijklmnopqrstuvwxyz"
 _counter = itertools.count()
 
 
@@ -31,6 +32,11 @@ def with_database(url: str, name: str) -> str:
     """The same server URL naming another database."""
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+async def runtime_connection(url: str, role: str = RUNTIME_ROLE) -> asyncpg.Connection:
+    """A direct connection as a service role, with the password `migrate` gave it."""
+    return await asyncpg.connect(url, user=role, password=derived_password(url, role))
 
 
 def free_port() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
@@ -40,6 +41,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
+def _exit_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 @command("serve")
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
@@ -50,6 +55,10 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     configure_logging(settings.log_level)
     settings = with_jwt_secret(settings)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal; turning that into a
+    # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
+    signal.signal(signal.SIGTERM, _exit_quietly)
+    signal.signal(signal.SIGINT, _exit_quietly)
     with database(settings, run_migrations=not settings.database_url) as ready:
         export_settings(ready)
         uvicorn.run(
@@ -102,11 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--sub", required=True)
     token.add_argument("--scope", default="ledger:execute")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+    schema = sub.add_parser("schema", help="regenerate schema/ledger.sql and schema/openapi.json")
+    schema.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
     return parser
+
+
+def _register_commands() -> None:
+    """Import the modules whose @command functions live outside this file."""
+    import importlib
+
+    for module in ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli"):
+        importlib.import_module(module)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command named on the command line."""
+    _register_commands()
     args = build_parser().parse_args(argv)
     handler = COMMANDS.get(args.command)
     if handler is None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jwt
+from jwt.warnings import InsecureKeyLengthWarning
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
@@ -77,14 +79,17 @@ class TokenVerifier:
         if len(token) > MAX_TOKEN_BYTES:
             raise _unauthenticated("The bearer token is too large.")
         try:
-            claims = jwt.decode(
-                token,
-                self._key_for(token),
-                algorithms=[self.algorithm],
-                audience=self.audience,
-                issuer=self.issuer,
-                options={"require": REQUIRED_CLAIMS, "verify_iat": True},
-            )
+            with warnings.catch_warnings():
+                # a short HS256 secret is reported once at start-up, not on every request
+                warnings.simplefilter("ignore", InsecureKeyLengthWarning)
+                claims = jwt.decode(
+                    token,
+                    self._key_for(token),
+                    algorithms=[self.algorithm],
+                    audience=self.audience,
+                    issuer=self.issuer,
+                    options={"require": REQUIRED_CLAIMS, "verify_iat": True},
+                )
         except jwt.ExpiredSignatureError:
             raise _unauthenticated("The bearer token has expired.") from None
         except (jwt.PyJWTError, ValueError, TypeError):

@@ -7,6 +7,7 @@ from typing import Any
 
 import structlog
 from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import (
     ClientException,
     HTTPException,
@@ -39,14 +40,19 @@ def problem_body(error: LedgerError) -> dict[str, Any]:
     return body
 
 
-def problem_response(error: LedgerError, headers: dict[str, str] | None = None) -> Response[Any]:
+def problem_response(
+    error: LedgerError, headers: dict[str, str] | None = None, background: BackgroundTask | None = None
+) -> Response[Any]:
     """A problem+json response with the headers the code calls for."""
     all_headers = dict(headers or {})
     if error.retry_after is not None:
         all_headers["Retry-After"] = str(error.retry_after)
     if error.code == "unauthenticated":
         all_headers["WWW-Authenticate"] = "Bearer"
-    return Response(problem_body(error), status_code=error.status, media_type=PROBLEM_JSON, headers=all_headers)
+    return Response(
+        problem_body(error), status_code=error.status, media_type=PROBLEM_JSON, headers=all_headers,
+        background=background,
+    )
 
 
 def on_ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
@@ -114,20 +120,26 @@ def on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Re
     return problem_response(LedgerError(code, PROBLEMS[code][1] + "."))
 
 
-async def on_unavailable(request: Request[Any, Any, Any], exc: DatabaseUnavailable) -> Response[Any]:
+def on_unavailable(request: Request[Any, Any, Any], exc: DatabaseUnavailable) -> Response[Any]:
     """Database unreachable or overloaded: 503 with Retry-After and an incident reference."""
-    incident = await record_incident(request, exc.exception_type, exc.phase, 503)
+    incident, store = record_incident(request, exc.exception_type, exc.phase, 503)
     error = LedgerError(
         "unavailable", "The ledger's database is unavailable; retry later.", {"incident": incident},
         RETRY_AFTER_UNAVAILABLE,
     )
-    return problem_response(error)
+    return problem_response(error, background=store)
 
 
-async def on_internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+def on_too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """JSON nested beyond what the decoder follows: a bad body, not a server fault."""
+    return problem_response(validation_failed([("body", "is nested too deeply")]))
+
+
+def on_internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Anything else: 500 with only an incident reference; the details go to protected diagnostics."""
-    incident = await record_incident(request, type(exc).__name__, "handler", 500)
-    return problem_response(LedgerError("internal", "An internal error occurred.", {"incident": incident}))
+    incident, store = record_incident(request, type(exc).__name__, "handler", 500)
+    error = LedgerError("internal", "An internal error occurred.", {"incident": incident})
+    return problem_response(error, background=store)
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {
@@ -135,5 +147,6 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ValidationException: on_validation,
     HTTPException: on_http_exception,
     DatabaseUnavailable: on_unavailable,
+    RecursionError: on_too_deep,
     Exception: on_internal,
 }

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, intent_digest
+from effect_ledger.domain.diagnostics import Cause, Phase
 from effect_ledger.domain.errors import validation_failed
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 
@@ -23,6 +24,8 @@ Token = Annotated[str, Meta(min_length=1, max_length=200)]
 Digest = Annotated[str, Meta(pattern=DIGEST_PATTERN)]
 Outcome = Literal["committed", "not_applied", "unknown"]
 Category = Literal["rejected", "validation", "unauthorized", "cancelled_before_submit", "other"]
+HeaderName = Annotated[str, Meta(min_length=1, max_length=100)]
+HeaderValue = Annotated[str, Meta(max_length=256)]
 
 
 class ClaimBody(Struct, forbid_unknown_fields=True):
@@ -67,6 +70,22 @@ class ReasonBody(Struct, forbid_unknown_fields=True):
     detail_code: Annotated[str, Meta(min_length=1, max_length=100)] | None = None
 
 
+class DiagnosticsBody(Struct, forbid_unknown_fields=True):
+    """The diagnostics fields of API.md section 9 (POST /v1/diagnostics, and complete's `diagnostics`)."""
+
+    operation_id: Annotated[str, Meta(pattern=OPERATION_ID.pattern)] | None = None
+    attempt: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None
+    phase: Phase | None = None
+    cause: Cause | None = None
+    http_status: Annotated[int, Meta(ge=100, le=599)] | None = None
+    provider: Annotated[str, Meta(min_length=1, max_length=100)] | None = None
+    provider_request_id: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    retryable_hint: bool | None = None
+    elapsed_ms: Annotated[int, Meta(ge=0, le=2**53 - 1)] | None = None
+    detail_code: Annotated[str, Meta(min_length=1, max_length=100)] | None = None
+    headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=32)] | None = None
+
+
 class CompleteBody(Struct, forbid_unknown_fields=True):
     """POST /v1/operations/{id}/complete."""
 
@@ -74,7 +93,39 @@ class CompleteBody(Struct, forbid_unknown_fields=True):
     outcome: Outcome
     receipt: ReceiptBody | None = None
     reason: ReasonBody | None = None
-    diagnostics: dict[str, Any] | None = None
+    diagnostics: DiagnosticsBody | None = None
+
+
+S = TypeVar("S", bound=Struct)
+_AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+async def strict_body(request: Any, kind: type[S]) -> S:
+    """Decode the cached body again, strictly: Litestar's own conversion is lax ("30" becomes 30)."""
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        located = _AT_PATH.search(message)
+        field = located.group(1) if located and located.group(1) else "body"
+        bare = _AT_PATH.sub("", message)
+        raise validation_failed([_describe(bare, field)]) from None
+
+
+def _describe(message: str, field: str) -> tuple[str, str]:
+    """(field, problem) from a msgspec message, keeping only controlled words."""
+    named = re.search(r"field `([^`]+)`", message)
+    if message.startswith("Object contains unknown field") and named:
+        return (f"{field}.{named.group(1)}" if field != "body" else named.group(1)), "unknown field"
+    if message.startswith("Object missing required field") and named:
+        return (f"{field}.{named.group(1)}" if field != "body" else named.group(1)), "required"
+    expected = re.match(r"^Expected `([^`]+)`(.*?)(?:, got `([^`]+)`)?$", message)
+    if expected:
+        return field, f"must be {expected.group(1)}{expected.group(2)}"[:120]
+    if message.startswith("Invalid enum value"):
+        return field, "is not one of the allowed values"
+    return field, "is invalid"
 
 
 def check_operation_id(operation_id: str) -> None:

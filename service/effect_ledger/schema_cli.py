@@ -1,0 +1,62 @@
+"""`effect-ledger schema`: regenerate (or check) schema/ledger.sql and schema/openapi.json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from effect_ledger.cli import command
+from effect_ledger.settings import Settings
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of the app as served at /schema/openapi.json."""
+    from effect_ledger.http.app import create_app
+
+    app = create_app(Settings(database_url="postgresql://unused/unused"), jwt_secret="unused")
+    document = app.openapi_schema.to_schema()
+    assert isinstance(document, dict)
+    return document
+
+
+def render_openapi() -> str:
+    """schema/openapi.json's content: stable key order, two-space indent."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def render_ledger_sql_embedded() -> str:
+    """Migrate a throwaway embedded database and dump its schema."""
+    from effect_ledger.db.embedded import start_embedded, stop_embedded
+    from effect_ledger.db.migrate import migrate
+    from effect_ledger.db.schema_dump import render_ledger_sql
+
+    with tempfile.TemporaryDirectory(prefix="effect-ledger-schema-") as tmp:
+        server, url = start_embedded(Path(tmp))
+        try:
+            asyncio.run(migrate(Settings(database_url=url)))
+            return render_ledger_sql(url)
+        finally:
+            stop_embedded(server)
+
+
+@command("schema")
+def schema_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Write schema/ledger.sql and schema/openapi.json (with --check: exit 1 if they are stale)."""
+    wanted = {"ledger.sql": render_ledger_sql_embedded(), "openapi.json": render_openapi()}
+    stale = [name for name, text in wanted.items()
+             if not (SCHEMA_DIR / name).exists() or (SCHEMA_DIR / name).read_text() != text]
+    if getattr(args, "check", False):
+        for name in stale:
+            print(f"schema/{name} is stale; run `effect-ledger schema`")
+        return 1 if stale else 0
+    SCHEMA_DIR.mkdir(exist_ok=True)
+    for name, text in wanted.items():
+        (SCHEMA_DIR / name).write_text(text)
+        print(f"wrote schema/{name}")
+    return 0
