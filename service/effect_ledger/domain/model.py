@@ -18,6 +18,7 @@ STATUSES: Final = (PENDING, SUBMITTED, COMMITTED, NOT_APPLIED, UNKNOWN)
 TERMINAL: Final = frozenset({COMMITTED, NOT_APPLIED})
 BINDING_FIELDS: Final = ("principal", "tool", "tool_version", "intent_digest")
 DEFAULT_LEASE_SECONDS: Final = 30
+RECEIPT_FIELDS: Final = ("external_ref", "result_digest", "result", "observed_at", "recorded_by", "recorded_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ def operation_view(op: Operation) -> dict[str, Any]:
         "lease_expires_at": format_ts(op.lease_expires_at),
         "lease_expired": op.lease_expired,
         "effect_ref": op.effect_ref,
-        "receipt": op.receipt,
+        "receipt": None if op.receipt is None else {k: op.receipt.get(k) for k in RECEIPT_FIELDS},
         "not_applied_reason": op.not_applied_reason,
         "created_at": format_ts(op.created_at),
         "updated_at": format_ts(op.updated_at),
