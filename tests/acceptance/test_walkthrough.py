@@ -111,3 +111,32 @@ def test_serve_without_jwt_settings_creates_a_development_secret(base_env: dict[
         walk(port, mint(base_env, "ledger:execute"), "op-dev")
     finally:
         assert stop(proc) == 0
+
+
+async def test_migrate_then_serve_against_an_existing_server(base_env: dict[str, str], pg_admin_url: str) -> None:
+    """The second documented start: a superuser URL of a fresh, empty database, `migrate`, then `serve`."""
+    import asyncpg
+    from conftest import with_database
+
+    admin = await asyncpg.connect(pg_admin_url)
+    await admin.execute('DROP DATABASE IF EXISTS "el_external"')
+    await admin.execute('CREATE DATABASE "el_external"')
+    try:
+        env = {**base_env, "EFFECT_LEDGER_DATABASE_URL": with_database(pg_admin_url, "el_external"),
+               "EFFECT_LEDGER_JWT_SECRET": "external-secret-0123456789abcdef-0123456789abcdef",
+               "EFFECT_LEDGER_JWT_ALGORITHM": "HS256"}
+        subprocess.run([*CLI, "migrate"], env=env, check=True, capture_output=True)
+        port = free_port()
+        proc = start(env, port)
+        try:
+            walk(port, mint(env, "ledger:execute"), "op-external")
+            sessions = await admin.fetch(
+                "SELECT DISTINCT usename FROM pg_stat_activity"
+                " WHERE datname = 'el_external' AND application_name = 'effect-ledger'")
+            assert {r["usename"] for r in sessions} <= {"effect_ledger_runtime", "effect_ledger_diag_reader"}
+            assert "effect_ledger_runtime" in {r["usename"] for r in sessions}
+        finally:
+            assert stop(proc) == 0
+    finally:
+        await admin.execute('DROP DATABASE IF EXISTS "el_external" WITH (FORCE)')
+        await admin.close()
