@@ -18,9 +18,10 @@ from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from effect_ledger.http.recovery import RecoveryController
 from effect_ledger.settings import Settings
 
-ROUTES: list[Any] = [ExecutorController, livez, readyz]
+ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
