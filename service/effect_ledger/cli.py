@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("serve", "migrate", "sweep", "purge"):
         _add_setting_flags(sub.add_parser(name, help=name))
+    _add_setting_flags(sub.add_parser("demo", help="run the reference scenario end to end (0: all held)"))
     token = sub.add_parser("token", help="mint a development token")
     _add_setting_flags(token)
     token.add_argument("--tenant", required=True)
@@ -120,7 +121,8 @@ def _register_commands() -> None:
     """Import the modules whose @command functions live outside this file."""
     import importlib
 
-    for module in ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli"):
+    for module in ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli",
+                   "effect_ledger.demo.command"):
         importlib.import_module(module)
 
 

@@ -6,6 +6,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -47,11 +48,13 @@ def new_client_nonce() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _path_segment(operation_id: str) -> str:
+def _path_segment(value: str) -> str:
+    """One path segment, percent-encoded, so that no ID can reach another route."""
     # "." and ".." are valid operation IDs but dot segments in a URL path, which httpx would
-    # normalise away; percent-encoding them keeps them opaque. Every other allowed character is
-    # unreserved in RFC 3986.
-    return operation_id.replace(".", "%2E") if operation_id in (".", "..") else operation_id
+    # normalise away; percent-encoding them keeps them opaque.
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe=":~")
 
 
 def _query(**params: Any) -> dict[str, str | int]:
@@ -320,7 +323,8 @@ class LedgerClient:
 
     async def read_incident(self, incident: str, *, purpose: str) -> IncidentRecord:
         """Read one incident; the read and its purpose are recorded in the access log."""
-        response = await self.request("GET", f"/v1/diagnostics/{incident}", params={"purpose": purpose})
+        path = f"/v1/diagnostics/{_path_segment(incident)}"
+        response = await self.request("GET", path, params={"purpose": purpose})
         return self.decode(response, IncidentRecord)
 
     # -- recovery decision (section 10) and operations endpoints (section 11) ---------------
@@ -342,6 +346,11 @@ class LedgerClient:
         """The Prometheus text of /metrics."""
         response = await self.request("GET", "/metrics", authenticated=False)
         return response.text
+
+    async def openapi(self) -> dict[str, Any]:
+        """The service's OpenAPI document."""
+        response = await self.request("GET", "/schema/openapi.json", authenticated=False)
+        return self.decode(response, dict[str, Any])
 
     async def _probe(self, path: str) -> bool:
         try:

@@ -1,0 +1,58 @@
+"""`effect-ledger demo` as a user runs it: a subprocess that exits 0 and prints the expected timeline."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = Path(sys.executable).with_name("effect-ledger")
+
+# (action, status, attempt) rows the timeline must show, in this order.
+EXPECTED_ROWS = [
+    ("exec-1", r"claim measurement-a -> execute", "pending", "1"),
+    ("exec-1", r"submit measurement-a \(effect_ref req-a-1\), then send it", "submitted", "1"),
+    ("measure-svc", r"measure prototype A for req-a-1: 41.7 ms", "-", "-"),
+    ("exec-1", r"commit measurement-a with receipt msr-a-0001", "committed", "1"),
+    ("exec-1", r"claim measurement-b -> execute", "pending", "1"),
+    ("exec-1", r"submit measurement-b \(effect_ref req-b-1\), then send it", "submitted", "1"),
+    ("measure-svc", r"measure prototype B for req-b-1: 38.2 ms", "-", "-"),
+    ("exec-1", r"no answer within 0.25 s after submit -> record unknown", "unknown", "1"),
+    ("exec-1", r"diagnostics stored as incident inc_\S+", "-", "-"),
+    ("exec-1", r"retry measurement-b -> refused: 409 outcome_unknown", "unknown", "1"),
+    ("reconciler-1", r"list unknown operations -> measurement-b", "-", "-"),
+    ("reconciler-1", r"look up req-b-1 in the measurement service -> found msr-b-0001", "unknown", "1"),
+    ("reconciler-1", r"resolve measurement-b as committed, from that evidence", "committed", "1"),
+    ("exec-1", r"claim measurement-b again -> reuse_receipt msr-b-0001", "committed", "1"),
+    ("auditor-1", r"measurement-a history: pending > submitted > committed", "committed", "1"),
+    ("auditor-1", r"verify measurement-a: 3 events, ok=True", "committed", "1"),
+    ("auditor-1", r"measurement-b history: pending > submitted > unknown > committed", "committed", "1"),
+    ("auditor-1", r"verify measurement-b: 4 events, ok=True", "committed", "1"),
+]
+
+
+def run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), "demo"], env=env, capture_output=True, text=True, timeout=110)
+
+
+def test_demo_exits_0_and_prints_the_timeline() -> None:
+    result = run_demo(dict(os.environ))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if re.match(r"^\d\d:\d\d:\d\d\.\d{3}  ", line)]
+    assert len(rows) == len(EXPECTED_ROWS), result.stdout
+    for line, (actor, action, status, attempt) in zip(rows, EXPECTED_ROWS, strict=True):
+        pattern = rf"^\S+  {re.escape(actor)}\s+{action}\s+{re.escape(status)}\s+{re.escape(attempt)}$"
+        assert re.match(pattern, line), (pattern, line)
+    assert "[FAILED]" not in result.stdout
+    assert result.stdout.count("[ok]") == 10
+    assert result.stdout.rstrip().endswith("result: all 10 expectations held")
+
+
+def test_demo_exits_1_when_it_cannot_run() -> None:
+    env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": "postgresql://nobody:nothing@127.0.0.1:9/none"}
+    result = run_demo(env)
+    assert result.returncode == 1
+    assert "demo stopped: " in result.stderr
+    assert "[FAILED] the scenario ran to the end" in result.stdout
