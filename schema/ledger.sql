@@ -146,11 +146,19 @@ ALTER TABLE diagnostics.access_log ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE diagnostics.incidents ENABLE ROW LEVEL SECURITY;
 
+CREATE POLICY maintenance ON diagnostics.access_log TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON diagnostics.incidents TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
 CREATE POLICY tenant_isolation ON diagnostics.access_log USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON diagnostics.incidents USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.operations TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 ALTER TABLE ledger.operations ENABLE ROW LEVEL SECURITY;
 

@@ -37,8 +37,11 @@ class Settings:
     lock_timeout_ms: int = 2000
     idle_in_transaction_timeout_ms: int = 10000
     max_body_bytes: int = 256 * 1024
-    background_sweep: bool = True  # run the sweeper inside serve (off when a CronJob does it)
+    background_sweep: bool = True  # run sweep and purge inside serve (off when CronJobs do them)
     sweep_interval_seconds: int = 5
+    sweep_batch_size: int = 100  # operations locked and swept per transaction
+    purge_interval_seconds: int = 3600  # how often serve's background purge runs
+    purge_batch_size: int = 500  # operations (with their events) deleted per transaction
     log_level: str = "info"
     shutdown_timeout_seconds: int = 20
 

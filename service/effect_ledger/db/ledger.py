@@ -100,6 +100,21 @@ def _event_columns(op: Operation, change: Change) -> list[list[Any]]:
     return columns
 
 
+async def lock_for_change(conn: asyncpg.Connection, tenant: str, operation_id: str) -> asyncpg.Record | None:
+    """Lock the operation row, then read it with its chain head and the clock in a second statement.
+
+    Under READ COMMITTED a statement reads rows committed before it started. A locking read that waited
+    for a concurrent transition gets that transition's row (re-checked) but not the events it appended
+    (a discrepancy appends events without touching the row at all), so a one-statement read would
+    number the next event on a stale head. Once the lock is held nobody else can append, and a new
+    statement sees every committed event.
+    """
+    if await conn.fetchval(sql("lock_operation_row"), tenant, operation_id) is None:
+        return None
+    row: asyncpg.Record | None = await conn.fetchrow(sql("read_operation"), tenant, operation_id)
+    return row
+
+
 async def apply_change(conn: asyncpg.Connection, tenant: str, op: Operation, change: Change) -> None:
     """Write a decided change (state and events) in one statement; nothing to write, no round trip."""
     if change.state is None and not change.events:
@@ -137,7 +152,9 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
         verdict = decide_claim(row_to_operation(row), req)
         if verdict == "new_attempt":
             # decide again under the row lock: someone may have moved it since the unlocked read
-            op = row_to_operation(await conn.fetchrow(sql("lock_operation"), tenant, req.operation_id))
+            locked = await lock_for_change(conn, tenant, req.operation_id)
+            assert locked is not None  # it conflicted with our insert; only a purge of it could race here
+            op = row_to_operation(locked)
             verdict = decide_claim(op, req)
         else:
             op = row_to_operation(row)
@@ -159,7 +176,7 @@ async def transition(
 ) -> Operation:
     """Lock the operation, decide, write the change; a recorded refusal is raised after the commit."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, phase) as (conn, _):
-        row = await conn.fetchrow(sql("lock_operation"), tenant, operation_id)
+        row = await lock_for_change(conn, tenant, operation_id)
         if row is None:
             raise not_found()
         op = row_to_operation(row)

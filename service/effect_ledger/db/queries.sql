@@ -103,3 +103,152 @@ GRANT SELECT ON public.alembic_version TO effect_ledger_runtime;
 -- name: migration_head
 -- The migration the database is at.
 SELECT version_num FROM public.alembic_version;
+
+-- ---------------------------------------------------------------------------------------------
+-- Reconciliation, audit and maintenance (issue 3).
+-- Keyset bounds are written `k >= $a AND (k > $a OR id > $b)` rather than as a row comparison:
+-- under row-level security only leakproof quals may become index conditions, and the leading
+-- timestamptz bound is leakproof on every supported PostgreSQL, so the scan starts at the cursor.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: list_operations
+-- Reconciler list without a status filter: one page of the tenant's operations in creation order.
+SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1
+  AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+  AND ($4::text IS NULL OR o.tool = $4)
+  AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+ORDER BY o.created_at, o.operation_id
+LIMIT $7;
+
+-- name: list_operations_by_status
+-- Reconciler list of one stored status; `submitted` means live leases only (an expired one is unknown).
+SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.status = $8
+  AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+  AND ($4::text IS NULL OR o.tool = $4)
+  AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+  AND (o.status <> 'submitted' OR o.lease_expires_at > $6)
+ORDER BY o.created_at, o.operation_id
+LIMIT $7;
+
+-- name: list_unknown_operations
+-- Reconciler list of unknown outcomes: stored unknown plus submitted whose lease has expired, unswept.
+-- Two ordered index scans merged (Merge Append), so the page needs no sort of the whole set.
+SELECT * FROM (
+    (SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'unknown'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+    UNION ALL
+    (SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'submitted' AND o.lease_expires_at <= $6
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+) AS page
+ORDER BY created_at, operation_id
+LIMIT $7;
+
+-- name: list_receipts
+-- Receipts feed: committed operations by resolution time, over the partial index operations_receipts.
+SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, clock_timestamp() AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.status = 'committed'
+  AND o.resolved_at >= $2 AND (o.resolved_at > $2 OR o.operation_id > $3)
+  AND o.resolved_at >= $4 AND o.resolved_at < $5
+  AND ($6::text IS NULL OR o.tool = $6)
+  AND ($7::text IS NULL OR o.principal = $7)
+ORDER BY o.resolved_at, o.operation_id
+LIMIT $8;
+
+-- name: operation_chain
+-- One operation's row status and attempt beside each of its events in seq order, for verification;
+-- the LEFT JOIN keeps an operation whose events were all removed (one row, NULL seq).
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
+       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+FROM ledger.operations AS o
+LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.operation_id = $2
+ORDER BY e.seq;
+
+-- name: tenant_chains
+-- Every operation of the tenant with its events, in (operation_id, seq) order, streamed by verify.
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
+       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+FROM ledger.operations AS o
+LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
+WHERE o.tenant_id = $1
+ORDER BY o.operation_id, e.seq;
+
+-- name: list_access_log
+-- Auditors' view of who read which incident, when and why, oldest first.
+SELECT access_id, at, incident_id, principal, purpose
+FROM diagnostics.access_log
+WHERE tenant_id = $1
+  AND at >= $2 AND (at > $2 OR access_id > $3)
+  AND at >= $4
+ORDER BY at, access_id
+LIMIT $5;
+
+-- name: lock_operation_row
+-- Serialise transitions on one operation: take its row lock; the caller reads the row (read_operation)
+-- in a new statement once it is held, so the chain head it numbers from is current.
+SELECT 1 FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE;
+
+-- name: try_maintenance_lock
+-- One sweeper (or purger) across all replicas: a session advisory lock, never waited for.
+SELECT pg_try_advisory_lock($1::integer, $2::integer);
+
+-- name: release_maintenance_lock
+-- Give the advisory lock back at the end of a run (closing the session would too).
+SELECT pg_advisory_unlock($1::integer, $2::integer);
+
+-- name: maintenance_scope
+-- Let this owner transaction see every tenant (policy `maintenance`, migration 0002), or stop it.
+SELECT set_config('effect_ledger.maintenance', $1::text, true);
+
+-- name: sweep_candidates
+-- A batch of submitted operations whose lease has expired, across tenants, locked; rows that a
+-- request holds are skipped (SKIP LOCKED), so the sweeper never waits on the hot path.
+SELECT tenant_id, operation_id
+FROM ledger.operations
+WHERE status = 'submitted' AND lease_expires_at <= clock_timestamp()
+ORDER BY lease_expires_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: purge_candidates
+-- A batch of terminal operations untouched for the retention period, across tenants, locked.
+-- Only committed and not_applied qualify: pending, submitted and unknown are never purged.
+SELECT tenant_id, operation_id
+FROM ledger.operations
+WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $1)
+ORDER BY updated_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: purge_mode
+-- The events trigger allows DELETE only in a transaction that sets this (the purge path).
+SELECT set_config('effect_ledger.purge', 'on', true);
+
+-- name: purge_events
+-- Delete the events of the given operations (before the operations: the foreign key).
+DELETE FROM ledger.events AS e
+USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
+WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
+
+-- name: purge_operations
+-- Delete the given operations (locked by purge_candidates in this transaction, so still terminal).
+DELETE FROM ledger.operations AS o
+USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
+WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;

@@ -12,16 +12,21 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from effect_ledger import __version__
 from effect_ledger.db.ledger import Ledger
+from effect_ledger.db.maintenance import background_maintenance
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
+from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
 from effect_ledger.settings import Settings
 
-ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController]
+ROUTES: list[Any] = [
+    ExecutorController, livez, readyz, RecoveryController, ReconcilerController, AuditController,
+]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -41,7 +46,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app = Litestar(
         route_handlers=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,
-        lifespan=[lifespan],
+        # sweep and purge run on their own owner connection, not the pools
+        lifespan=[lifespan, lambda _: background_maintenance(settings)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",

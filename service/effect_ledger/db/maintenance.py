@@ -1,0 +1,221 @@
+"""Sweep and purge: the ledger's maintenance, run as the owner, by one replica at a time.
+
+Both connect with the owner URL (EFFECT_LEDGER_DATABASE_URL), never the runtime role: they work
+across tenants, and forced row-level security binds every role but a superuser. Migration 0002 adds
+the permissive policy `maintenance`, which lets only the owner login see every tenant's rows, and
+only in a transaction that sets effect_ledger.maintenance = 'on'; no SECURITY DEFINER function and
+no BYPASSRLS role is needed, so this works on managed PostgreSQL too. The sweeper uses that scope
+only to find and lock candidates, then writes each operation under its own tenant, exactly as a
+request would. Each run holds a session advisory lock (pg_try_advisory_lock): a second sweeper or
+purger, on any replica or CronJob, finds it taken and skips its run instead of queueing behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import msgspec
+import structlog
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.ledger import apply_change, lock_for_change, row_to_operation
+from effect_ledger.domain.transitions import decide_sweep
+from effect_ledger.settings import Settings
+
+log = structlog.get_logger("effect_ledger.maintenance")
+
+# pg_try_advisory_lock(int4, int4) keys: a class for effect-ledger ("ELMT") and one per task.
+LOCK_CLASS = 0x454C4D54
+SWEEP_LOCK = (LOCK_CLASS, 1)
+PURGE_LOCK = (LOCK_CLASS, 2)
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+@dataclass
+class RunResult:
+    """What one sweep or purge run did; `skipped` when another run held the advisory lock."""
+
+    task: str
+    skipped: bool = False
+    batches: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The result as one JSON-ready line (the CLI prints it, the background loop logs it)."""
+        return {"task": self.task, "skipped": self.skipped, "batches": self.batches, **self.counts}
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode("utf-8")
+
+
+async def owner_connection(settings: Settings) -> asyncpg.Connection:
+    """One owner connection with the service's timeouts and JSON codecs."""
+    if not settings.database_url:
+        raise ValueError("sweep and purge need the owner URL (EFFECT_LEDGER_DATABASE_URL)")
+    conn = await asyncpg.connect(
+        settings.database_url,
+        timeout=CONNECT_TIMEOUT_SECONDS,
+        server_settings={
+            "application_name": "effect-ledger-maintenance",
+            "statement_timeout": str(settings.statement_timeout_ms),
+            "lock_timeout": str(settings.lock_timeout_ms),
+            "idle_in_transaction_session_timeout": str(settings.idle_in_transaction_timeout_ms),
+        },
+    )
+    for name in ("jsonb", "json"):
+        await conn.set_type_codec(name, encoder=_json, decoder=msgspec.json.decode, schema="pg_catalog")
+    return conn
+
+
+@asynccontextmanager
+async def exclusive(conn: asyncpg.Connection, key: tuple[int, int]) -> AsyncIterator[bool]:
+    """Hold the advisory lock `key` for the block; yields False (and holds nothing) when it is taken."""
+    held = bool(await conn.fetchval(sql("try_maintenance_lock"), *key))
+    try:
+        yield held
+    finally:
+        if held and not conn.is_closed():
+            await conn.fetchval(sql("release_maintenance_lock"), *key)
+
+
+async def sweep_batch(conn: asyncpg.Connection, batch_size: int) -> tuple[int, int]:
+    """Lock up to batch_size expired submitted operations and mark each unknown; (found, swept)."""
+    swept = 0
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        keys = await conn.fetch(sql("sweep_candidates"), batch_size)
+        await conn.fetchval(sql("maintenance_scope"), "off")
+        for tenant, operation_id in keys:
+            # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies).
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            # Locked above already; read in a new statement for the current chain head and clock.
+            row = await lock_for_change(conn, tenant, operation_id)
+            assert row is not None  # this transaction holds its lock: nobody can have deleted it
+            op = row_to_operation(row)
+            change = decide_sweep(op)
+            await apply_change(conn, tenant, op, change)
+            swept += change.state is not None
+    return len(keys), swept
+
+
+async def _sweep_on(conn: asyncpg.Connection, batch_size: int) -> RunResult:
+    result = RunResult("sweep", counts={"swept": 0})
+    async with exclusive(conn, SWEEP_LOCK) as held:
+        if not held:
+            result.skipped = True
+            return result
+        while True:
+            found, swept = await sweep_batch(conn, batch_size)
+            result.batches += 1
+            result.counts["swept"] += swept
+            # Locked rows were skipped, not found: a short batch means nothing sweepable is left.
+            if found < batch_size:
+                return result
+
+
+async def sweep(settings: Settings) -> RunResult:
+    """Mark every submitted operation whose lease has expired unknown, with a `lease_expired` event."""
+    conn = await owner_connection(settings)
+    try:
+        return await _sweep_on(conn, settings.sweep_batch_size)
+    finally:
+        await conn.close()
+
+
+async def purge_ledger_batch(
+    conn: asyncpg.Connection, retention_days: int, batch_size: int
+) -> tuple[int, int]:
+    """Delete one batch of old terminal operations and their events; (operations, events)."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        await conn.fetchval(sql("purge_mode"))  # SET LOCAL effect_ledger.purge: the events trigger's gate
+        keys = await conn.fetch(sql("purge_candidates"), retention_days, batch_size)
+        if not keys:
+            return 0, 0
+        tenants = [k["tenant_id"] for k in keys]
+        operation_ids = [k["operation_id"] for k in keys]
+        events = await conn.execute(sql("purge_events"), tenants, operation_ids)
+        operations = await conn.execute(sql("purge_operations"), tenants, operation_ids)
+    return _deleted(operations), _deleted(events)
+
+
+def _deleted(status: str) -> int:
+    """The row count of a `DELETE n` command status."""
+    return int(status.split()[-1])
+
+
+async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
+    result = RunResult("purge", counts={"operations": 0, "events": 0})
+    async with exclusive(conn, PURGE_LOCK) as held:
+        if not held:
+            result.skipped = True
+            return result
+        while True:
+            operations, events = await purge_ledger_batch(
+                conn, settings.retention_days, settings.purge_batch_size
+            )
+            result.batches += 1
+            result.counts["operations"] += operations
+            result.counts["events"] += events
+            if operations < settings.purge_batch_size:
+                break
+        # ---- Diagnostics retention (issue 4) goes here ---------------------------------------------
+        # Same owner connection, same advisory lock, outside any transaction; each batch sets
+        # maintenance_scope('on') in its own transaction. Add its counts to result.counts, e.g.
+        #   purged = await purge_diagnostics(conn, settings)
+        #   result.counts.update(incidents=purged.incidents, access_log=purged.access_log)
+        # -----------------------------------------------------------------------------------------------
+    return result
+
+
+async def purge(settings: Settings) -> RunResult:
+    """Delete terminal operations (and their events) untouched for retention_days; never any other."""
+    conn = await owner_connection(settings)
+    try:
+        return await _purge_on(conn, settings)
+    finally:
+        await conn.close()
+
+
+Task = Callable[[Settings], Awaitable[RunResult]]
+
+
+async def _every(interval: float, run: Task, settings: Settings) -> None:
+    """Run a maintenance task now and then every `interval` seconds until cancelled."""
+    while True:
+        try:
+            result = await run(settings)
+            if any(result.counts.values()):
+                log.info("maintenance_run", **result.summary())
+        except Exception as exc:
+            # The next interval retries; a failed run (a database blip, say) must not end the loop.
+            log.warning("maintenance_failed", task=run.__name__, exception_type=type(exc).__name__)
+        await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def background_maintenance(settings: Settings) -> AsyncIterator[None]:
+    """Sweep (and purge, less often) in the background of `serve` when background_sweep is on."""
+    if not settings.background_sweep:
+        yield
+        return
+    if not settings.database_url:
+        log.warning("maintenance_disabled", reason="background sweep needs EFFECT_LEDGER_DATABASE_URL")
+        yield
+        return
+    tasks = [
+        asyncio.create_task(_every(settings.sweep_interval_seconds, sweep, settings)),
+        asyncio.create_task(_every(settings.purge_interval_seconds, purge, settings)),
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,139 @@
+"""Reads for reconcilers and auditors: keyset pages of operations, receipts and the access log, and
+chain verification. Every page is ordered by an immutable key, so rows changing underneath never
+make a page repeat or skip an item."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.ledger import Ledger, event_view, row_to_operation
+from effect_ledger.db.pools import tenant_tx
+from effect_ledger.domain.errors import not_found
+from effect_ledger.domain.model import UNKNOWN, Operation
+from effect_ledger.domain.timefmt import format_ts
+from effect_ledger.domain.verification import ChainVerdict, verify_chain
+
+T = TypeVar("T")
+Key = tuple[datetime, str]
+# Bounds that stand for "no bound" so that every query keeps one shape (and one plan).
+BEFORE_ALL: Key = (datetime(1, 1, 2, tzinfo=UTC), "")
+END_OF_TIME = datetime(9999, 12, 30, tzinfo=UTC)
+VERIFY_PREFETCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page and the key of its last item when more follow (None: this is the last page)."""
+
+    items: list[T]
+    next_key: Key | None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantVerdict:
+    """Whole-tenant verification: events checked and the first bad chain (operation and seq)."""
+
+    checked: int
+    first_bad_operation_id: str | None
+    first_bad_seq: int | None
+
+
+def _page(rows: Sequence[T], limit: int, key: Any) -> Page[T]:
+    """Cut the look-ahead row off; its presence is what says another page exists."""
+    items = list(rows[:limit])
+    return Page(items, key(items[-1]) if len(rows) > limit and items else None)
+
+
+async def list_operations(
+    ledger: Ledger, tenant: str, *, status: str | None, tool: str | None, updated_before: datetime | None,
+    after: Key | None, limit: int,
+) -> Page[Operation]:
+    """The reconciler list, oldest first by (created_at, operation_id); status is the effective one."""
+    start = after or BEFORE_ALL
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "list") as (conn, db_now):
+        args = (tenant, start[0], start[1], tool, updated_before, db_now, limit + 1)
+        if status is None:
+            rows = await conn.fetch(sql("list_operations"), *args)
+        elif status == UNKNOWN:
+            rows = await conn.fetch(sql("list_unknown_operations"), *args)
+        else:
+            rows = await conn.fetch(sql("list_operations_by_status"), *args, status)
+    return _page([row_to_operation(r) for r in rows], limit, lambda op: (op.created_at, op.operation_id))
+
+
+async def list_receipts(
+    ledger: Ledger, tenant: str, *, since: datetime | None, until: datetime | None, tool: str | None,
+    principal: str | None, after: Key | None, limit: int,
+) -> Page[Operation]:
+    """Committed operations by (resolved_at, operation_id); since inclusive, until exclusive."""
+    start = after or BEFORE_ALL
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "receipts") as (conn, _):
+        rows = await conn.fetch(
+            sql("list_receipts"), tenant, start[0], start[1], since or BEFORE_ALL[0], until or END_OF_TIME,
+            tool, principal, limit + 1,
+        )
+    ops = [row_to_operation(r) for r in rows]
+    return _page(ops, limit, lambda op: (op.resolved_at, op.operation_id))
+
+
+def access_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An access-log row as auditors see it."""
+    return {
+        "access_id": row["access_id"], "at": format_ts(row["at"]), "incident": row["incident_id"],
+        "principal": row["principal"], "purpose": row["purpose"],
+    }
+
+
+async def list_access_log(
+    ledger: Ledger, tenant: str, *, since: datetime | None, after: Key | None, limit: int
+) -> Page[Mapping[str, Any]]:
+    """Who read which incident, when and why, oldest first by (at, access_id)."""
+    start = after or BEFORE_ALL
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "access_log") as (conn, _):
+        rows = await conn.fetch(sql("list_access_log"), tenant, start[0], start[1], since or BEFORE_ALL[0],
+                                limit + 1)
+    return _page(rows, limit, lambda row: (row["at"], row["access_id"]))
+
+
+def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An event row as its hash covers it (the API view plus operation_id)."""
+    return {**event_view(row), "operation_id": row["operation_id"]}
+
+
+def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
+    events = [_hashed(r) for r in rows if r["seq"] is not None]
+    return verify_chain(events, rows[0]["op_status"], rows[0]["op_attempt"])
+
+
+async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> ChainVerdict:
+    """Recompute one operation's chain; not_found when the tenant has no such operation."""
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "verify") as (conn, _):
+        rows = await conn.fetch(sql("operation_chain"), tenant, operation_id)
+    if not rows:
+        raise not_found()
+    return _verdict(rows)
+
+
+async def verify_tenant(ledger: Ledger, tenant: str) -> TenantVerdict:
+    """Recompute every chain of the tenant, streamed in operation order; stop at the first bad one."""
+    checked = 0
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "verify") as (conn, _):
+        chain: list[Mapping[str, Any]] = []
+        async for row in conn.cursor(sql("tenant_chains"), tenant, prefetch=VERIFY_PREFETCH):
+            if chain and row["operation_id"] != chain[0]["operation_id"]:
+                verdict = _verdict(chain)
+                checked += verdict.checked
+                if not verdict.ok:
+                    return TenantVerdict(checked, chain[0]["operation_id"], verdict.first_bad_seq)
+                chain = []
+            chain.append(row)
+        if chain:
+            verdict = _verdict(chain)
+            checked += verdict.checked
+            if not verdict.ok:
+                return TenantVerdict(checked, chain[0]["operation_id"], verdict.first_bad_seq)
+    return TenantVerdict(checked, None, None)
