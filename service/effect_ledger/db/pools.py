@@ -22,6 +22,10 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.InterfaceError,
+    # A connection terminated while idle in the pool (pg_terminate_backend, a server restart) can leave
+    # asyncpg's protocol waiting for the end of the FATAL error; its next use then raises this rather
+    # than ConnectionDoesNotExistError ("cannot switch to state …; another operation is in progress").
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash recovery, query cancelled
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout

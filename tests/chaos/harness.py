@@ -1,0 +1,420 @@
+"""The chaos harness: scale, figures, the effect sink, the call history, and the invariant checker.
+
+Every scenario drives real executors against a real service, records every HTTP call it makes
+(invoke, then ok / fail / unknown), counts what the external system (the sink) executed, and checks
+the history and the final database state for violations. A scenario passes only with zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import pairwise
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+
+from conftest import free_port
+from effect_ledger.db.ledger import event_view
+from effect_ledger.domain.chain import first_bad_seq
+
+LONG = os.environ.get("EFFECT_LEDGER_CHAOS_LONG", "") not in ("", "0")
+REPORT_FILE = os.environ.get("EFFECT_LEDGER_CHAOS_REPORT")  # JSON lines of figures, for the README table
+TOOL, TOOL_VERSION = "chaos-sink", "1"
+PROBLEM_JSON = "application/problem+json"
+
+
+def scale(short: int, long: int) -> int:
+    """The size of a knob in the current mode (short in CI, long with EFFECT_LEDGER_CHAOS_LONG=1)."""
+    return long if LONG else short
+
+
+def timeout(short: int, long: int) -> pytest.MarkDecorator:
+    """A per-test timeout for the current mode."""
+    return pytest.mark.timeout(scale(short, long))
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """What one scenario did: operations, faults injected, violations found, and its own extras."""
+
+    scenario: str
+    operations: int = 0
+    faults: int = 0
+    violations: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        """One greppable line: `CHAOS <scenario> mode=… operations=… faults=… violations=… …`."""
+        seconds = time.monotonic() - self.started
+        extras = " ".join(f"{k}={v}" for k, v in self.extra.items())
+        return (f"CHAOS {self.scenario} mode={'long' if LONG else 'short'} operations={self.operations} "
+                f"faults={self.faults} violations={len(self.violations)} seconds={seconds:.1f} "
+                f"{extras}").strip()
+
+    def emit(self, config: pytest.Config) -> None:
+        """Print the figures line past pytest's capture, and append it to the report file if one is set."""
+        line = self.line()
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                print("\n" + line, flush=True)
+        else:
+            print(line, flush=True)
+        if REPORT_FILE:
+            record = {"scenario": self.scenario, "mode": "long" if LONG else "short",
+                      "operations": self.operations, "faults": self.faults,
+                      "violations": len(self.violations),
+                      "seconds": round(time.monotonic() - self.started, 1),
+                      **self.extra}
+            with open(REPORT_FILE, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def check(self, found: Iterable[str]) -> None:
+        """Add violations found by a checker."""
+        self.violations.extend(found)
+
+    def assert_clean(self) -> None:
+        """The scenario's verdict: no violation at all."""
+        assert not self.violations, f"{len(self.violations)} violations:\n" + "\n".join(self.violations[:25])
+
+
+# -- the effect sink -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One execution of an effect at the sink, with the fencing attempt the executor held."""
+
+    key: str
+    attempt: int
+    executor: str
+    at: float
+
+
+def sink_receipt(key: str, attempt: int) -> dict[str, Any]:
+    """The receipt the sink hands back for an execution (a reconciler can rebuild it from the sink)."""
+    return {"external_ref": f"sink:{key}#{attempt}", "result": {"attempt": attempt}}
+
+
+class Sink:
+    """The external system, as a tiny HTTP service on loopback: it counts executions per key."""
+
+    def __init__(self) -> None:
+        self.executions: dict[str, list[Execution]] = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="off", access_log=False, interface="asgi3")
+        self.server = uvicorn.Server(config)
+        self.task: Any = None
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """POST /effects/{key} {"attempt", "executor"} executes; GET /effects/{key} lists executions."""
+        assert scope["type"] == "http"
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        key = scope["path"].removeprefix("/effects/")
+        if scope["method"] == "POST":
+            request = json.loads(body)
+            execution = Execution(key, int(request["attempt"]), str(request["executor"]), time.time())
+            self.executions.setdefault(key, []).append(execution)
+            answer: Any = sink_receipt(key, execution.attempt)
+        else:
+            answer = {"executions": [e.attempt for e in self.executions.get(key, [])]}
+        payload = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def __aenter__(self) -> Sink:
+        import asyncio
+
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        await self.task
+
+    @property
+    def total(self) -> int:
+        """Executions of every key."""
+        return sum(len(v) for v in self.executions.values())
+
+
+async def execute_at_sink(
+    http: httpx.AsyncClient, sink_url: str, key: str, attempt: int, executor: str
+) -> dict[str, Any]:
+    """Send the effect: one POST to the sink; its answer is the receipt."""
+    response = await http.post(f"{sink_url}/effects/{key}", json={"attempt": attempt, "executor": executor})
+    response.raise_for_status()
+    return dict(response.json())
+
+
+# -- the history of calls ----------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One HTTP call to the ledger: when it was invoked, how it ended, and what it answered."""
+
+    method: str
+    path: str
+    operation_id: str | None
+    kind: str  # claim, submit, heartbeat, complete, resolve, read, list, other
+    started: float
+    wall: float  # time.time() at invoke, to compare with the ledger's timestamps
+    ended: float | None = None
+    outcome: str = "invoked"  # ok | fail | unknown
+    status: int | None = None
+    code: str | None = None
+    retry_after: str | None = None
+    problem_json: bool = False
+    replayed: bool = False
+    body: Any = None
+    error: str | None = None
+
+
+def _classify(method: str, path: str) -> tuple[str | None, str]:
+    parts = path.strip("/").split("/")
+    if len(parts) >= 3 and parts[:2] == ["v1", "operations"]:
+        return parts[2], parts[3] if len(parts) > 3 else "read"
+    if parts[:2] == ["v1", "operations"]:
+        return None, "list"
+    return None, "other"
+
+
+class History:
+    """Every call, appended at invoke and completed at its end; the checker reads it afterwards."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    def transport(self, inner: httpx.AsyncBaseTransport | None = None) -> RecordingTransport:
+        """An httpx transport that records every request through it into this history."""
+        return RecordingTransport(self, inner or httpx.AsyncHTTPTransport())
+
+    def invoke(self, request: httpx.Request) -> Call:
+        """Record the start of a call."""
+        operation_id, kind = _classify(request.method, request.url.path)
+        call = Call(request.method, request.url.path, operation_id, kind, time.monotonic(), time.time())
+        self.calls.append(call)
+        return call
+
+    def answered(self, call: Call, response: httpx.Response) -> None:
+        """Record an answer: ok for 2xx, fail for any other status (its problem code kept)."""
+        call.ended = time.monotonic()
+        call.status = response.status_code
+        call.outcome = "ok" if response.is_success else "fail"
+        call.retry_after = response.headers.get("retry-after")
+        call.replayed = response.headers.get("idempotent-replayed") == "true"
+        call.problem_json = response.headers.get("content-type", "").startswith(PROBLEM_JSON)
+        try:
+            call.body = response.json()
+        except ValueError:
+            call.body = None
+        if not response.is_success and isinstance(call.body, dict):
+            code = call.body.get("code")
+            call.code = code if isinstance(code, str) else None
+
+    def lost(self, call: Call, exc: BaseException) -> None:
+        """Record a call whose answer never came: its effect on the ledger is unknown to the caller."""
+        call.ended = time.monotonic()
+        call.outcome = "unknown"
+        call.error = type(exc).__name__
+
+    def outcomes(self) -> Counter[str]:
+        """Calls by outcome."""
+        return Counter(c.outcome for c in self.calls)
+
+    def statuses(self) -> Counter[int]:
+        """Answered calls by status."""
+        return Counter(c.status for c in self.calls if c.status is not None)
+
+
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """Wraps a transport; the body is read here so the answer can be recorded before the client sees it."""
+
+    def __init__(self, history: History, inner: httpx.AsyncBaseTransport) -> None:
+        self.history = history
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        call = self.history.invoke(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+            await response.aread()
+        except BaseException as exc:  # cancellation too: the caller never learns the outcome
+            self.history.lost(call, exc)
+            raise
+        self.history.answered(call, response)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def check_answers(history: History, *, allowed_5xx: frozenset[int] = frozenset({503})) -> list[str]:
+    """No 5xx but the allowed ones; every error answer is problem+json; every 503 says Retry-After."""
+    found = []
+    for c in history.calls:
+        if c.status is None or c.status < 400:
+            continue
+        where = f"{c.method} {c.path} -> {c.status}"
+        if c.status >= 500 and c.status not in allowed_5xx:
+            found.append(f"server error: {where} {c.code}")
+        if not c.problem_json or not isinstance(c.body, dict) or c.body.get("status") != c.status:
+            found.append(f"not a problem+json answer: {where}")
+        retry_after = c.retry_after or ""
+        if c.status == 503 and (not retry_after.isdigit() or c.code != "unavailable"):
+            found.append(f"503 without Retry-After or code unavailable: {where}")
+    return found
+
+
+# -- the final state and its checker -------------------------------------------------------------
+
+
+@dataclass
+class LedgerState:
+    """Every operation row and its event chain, read as the owner (which sees every tenant)."""
+
+    operations: dict[tuple[str, str], dict[str, Any]]
+    events: dict[tuple[str, str], list[dict[str, Any]]]
+    now: datetime
+
+
+async def read_state(owner_url: str) -> LedgerState:
+    """Read the whole ledger as the database owner (row-level security does not apply to it)."""
+    conn = await asyncpg.connect(owner_url)
+    try:
+        await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+        now = await conn.fetchval("SELECT clock_timestamp()")
+        rows = await conn.fetch("SELECT * FROM ledger.operations")
+        events = await conn.fetch(
+            "SELECT tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, "
+            "data, prev_hash, hash FROM ledger.events ORDER BY tenant_id, operation_id, seq"
+        )
+    finally:
+        await conn.close()
+    state = LedgerState({(r["tenant_id"], r["operation_id"]): dict(r) for r in rows}, {}, now)
+    for e in events:
+        state.events.setdefault((e["tenant_id"], e["operation_id"]), []).append(
+            {**event_view(e), "operation_id": e["operation_id"]}
+        )
+    return state
+
+
+def effective_status(op: dict[str, Any], now: datetime) -> str:
+    """A submitted operation whose lease ran out is unknown (API section 2)."""
+    expires = op["lease_expires_at"]
+    if op["status"] == "submitted" and (expires is None or expires <= now):
+        return "unknown"
+    return str(op["status"])
+
+
+def check_ledger(state: LedgerState) -> list[str]:
+    """No partial writes: every status change has its event and every event its change; chains verify."""
+    found = []
+    for key, op in state.operations.items():
+        chain = state.events.get(key, [])
+        name = "/".join(key)
+        if not chain:
+            found.append(f"{name}: operation without events")
+            continue
+        checked, bad = first_bad_seq(chain)
+        if bad is not None:
+            found.append(f"{name}: hash chain breaks at seq {bad} of {checked}")
+        if chain[0]["kind"] != "claimed" or chain[0]["to_status"] != "pending":
+            found.append(f"{name}: chain does not start with a claim")
+        for before, after in pairwise(chain):
+            if after["from_status"] != before["to_status"]:
+                found.append(f"{name}: event {after['seq']} starts from {after['from_status']}, "
+                             f"the previous ended at {before['to_status']}")
+        last = chain[-1]
+        if last["to_status"] != op["status"] or last["attempt"] != op["attempt"]:
+            found.append(f"{name}: row says {op['status']}/attempt {op['attempt']}, its last event "
+                         f"{last['kind']} says {last['to_status']}/attempt {last['attempt']}")
+    for key in state.events:
+        if key not in state.operations:
+            found.append(f"{'/'.join(key)}: events without an operation")
+    return found
+
+
+def check_effects(state: LedgerState, executions: dict[str, list[Execution]], *, settled: bool) -> list[str]:
+    """At most one execution per effect; a committed operation has exactly the one its receipt names.
+
+    `settled`: executors and the reconciler are done, so an executed effect must be committed (a
+    receipt was not lost) and nothing may be left pending or submitted.
+    """
+    found = []
+    for key, runs in executions.items():
+        if len(runs) > 1:
+            found.append(f"{key}: effect executed {len(runs)} times (attempts {[r.attempt for r in runs]})")
+    for (tenant, operation_id), op in state.operations.items():
+        key = f"{tenant}/{operation_id}"
+        runs = executions.get(key, [])
+        status = effective_status(op, state.now)
+        if status == "committed":
+            receipt = op["receipt"] or {}
+            if len(runs) != 1:
+                found.append(f"{key}: committed with {len(runs)} executions at the sink")
+            elif receipt.get("external_ref") != sink_receipt(key, runs[0].attempt)["external_ref"]:
+                found.append(f"{key}: receipt {receipt.get('external_ref')} does not name the execution "
+                             f"of attempt {runs[0].attempt}")
+            elif runs[0].attempt != op["attempt"]:
+                found.append(f"{key}: executed by attempt {runs[0].attempt}, "
+                             f"committed at attempt {op['attempt']}")
+        elif status == "not_applied" and runs:
+            found.append(f"{key}: not_applied, yet the sink executed it")
+        if settled:
+            if runs and status != "committed":
+                found.append(f"{key}: executed at the sink but {status} in the ledger (a lost receipt)")
+            if status in ("pending", "submitted", "unknown"):
+                found.append(f"{key}: still {status} after the executors and the reconciler finished")
+    return found
+
+
+def check_leases(state: LedgerState, *, swept: bool) -> list[str]:
+    """Nothing pending beyond its lease; with a sweeper, nothing stored `submitted` beyond its lease."""
+    found = []
+    for key, op in state.operations.items():
+        expires = op["lease_expires_at"]
+        expired = expires is not None and expires <= state.now
+        if op["status"] == "pending" and expired:
+            found.append(f"{'/'.join(key)}: pending beyond its lease")
+        if swept and op["status"] == "submitted" and expired:
+            found.append(f"{'/'.join(key)}: submitted beyond its lease and not swept to unknown")
+    return found
+
+
+@contextmanager
+def scenario(request: pytest.FixtureRequest, name: str) -> Iterator[Figures]:
+    """Figures for one scenario, printed when it ends (pass or fail)."""
+    figures = Figures(name)
+    try:
+        yield figures
+    finally:
+        figures.emit(request.config)

@@ -1,0 +1,119 @@
+"""Scenario 2: the service is SIGKILLed at random points of its requests and restarted; executors carry on."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+from harness import (
+    Call,
+    History,
+    Sink,
+    check_answers,
+    check_effects,
+    check_leases,
+    check_ledger,
+    read_state,
+    scale,
+    scenario,
+    timeout,
+)
+from processes import ServiceProcess
+from workload import ledger_client, reconcile, run_executors
+
+from effect_ledger.domain.timefmt import parse_ts
+
+pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
+
+OPERATIONS = scale(48, 400)  # at least; executors keep taking new ones while the killer is at work
+EXECUTORS = 6
+KILLS = scale(5, 40)
+LEASE_SECONDS = 2
+TARGETS = ("claim", "submit", "complete")
+
+
+async def _kill_mid_request(service: ServiceProcess, history: History, rng: random.Random,
+                            done: asyncio.Event) -> Counter[str]:
+    """Wait for a call of a chosen kind to be in flight, kill the service a few ms later, restart it."""
+    kills: Counter[str] = Counter()
+    while sum(kills.values()) < KILLS and not done.is_set():
+        await asyncio.sleep(rng.uniform(0.5, 1.2))
+        target = rng.choice(TARGETS)
+        for _ in range(400):  # up to ~2 s for such a call to be in flight
+            if done.is_set() or any(c.kind == target and c.outcome == "invoked" for c in history.calls[-64:]):
+                break
+            await asyncio.sleep(0.005)
+        if done.is_set():
+            break
+        await asyncio.sleep(rng.uniform(0, 0.012))  # before, during or after its commit
+        service.kill()
+        kills[target] += 1
+        await asyncio.sleep(rng.uniform(0, 0.3))
+        await service.start()
+    return kills
+
+
+def _landed_before_the_kill(history: History) -> Counter[str]:
+    """Calls cut mid-request whose retry found the transition already made: the answer was lost after
+    the commit (a claim replayed by its nonce; a submit or complete already recorded before the retry)."""
+    landed: Counter[str] = Counter()
+    calls = history.calls
+    for index, cut in enumerate(calls):
+        if cut.outcome != "unknown" or cut.kind not in TARGETS or cut.error == "ConnectError":
+            continue
+        retry: Call | None = next((c for c in calls[index + 1:] if c.operation_id == cut.operation_id
+                                   and c.kind == cut.kind and c.outcome == "ok"), None)
+        if retry is None or not isinstance(retry.body, dict):
+            continue
+        moment = retry.body.get("submitted_at" if cut.kind == "submit" else "resolved_at")
+        if cut.kind == "claim" and retry.replayed:
+            landed["claim"] += 1
+        elif cut.kind != "claim" and moment and parse_ts(moment).timestamp() < retry.wall:
+            landed[cut.kind] += 1
+    return landed
+
+
+async def test_service_killed_mid_request_executes_each_effect_at_most_once(
+    request: pytest.FixtureRequest, db_url: str
+) -> None:
+    history = History()
+    rng = random.Random(7)
+    with scenario(request, "service_sigkill") as figures:
+        async with Sink() as sink, ServiceProcess(db_url, background_sweep="true",
+                                                  sweep_interval_seconds=1) as service:
+            clients = [ledger_client(service.base_url, history, sub="exec-1") for _ in range(EXECUTORS)]
+            ids = [f"kill-{n}" for n in range(OPERATIONS)]
+            done = asyncio.Event()
+            killer = asyncio.create_task(_kill_mid_request(service, history, rng, done))
+            try:
+                tally = await run_executors(
+                    clients, sink, "t1", ids, LEASE_SECONDS, scale(110, 1300),
+                    more=lambda n: None if killer.done() else f"kill-{n}",
+                )
+            finally:
+                done.set()
+                kills = await killer
+                for client in clients:
+                    await client.aclose()
+            await asyncio.sleep(LEASE_SECONDS + 1.5)  # every abandoned lease has run out and been swept
+            reconciled = await reconcile(service.base_url, history, sink)
+            state = await read_state(db_url)
+        figures.operations = len(history.calls)
+        figures.faults = sum(kills.values())
+        cut = Counter(c.kind for c in history.calls if c.outcome == "unknown" and c.error != "ConnectError")
+        refused = sum(1 for c in history.calls if c.error == "ConnectError")
+        figures.extra = {"effects": len(ids), "kills": dict(kills), "calls_cut": dict(cut),
+                         "calls_refused": refused,
+                         "answer_lost_after_commit": dict(_landed_before_the_kill(history)),
+                         "executed": sink.total, "outcomes": dict(tally.outcomes), **reconciled}
+        figures.check(check_answers(history))
+        figures.check(check_ledger(state))
+        figures.check(check_effects(state, sink.executions, settled=True))
+        figures.check(check_leases(state, swept=True))
+        if tally.outcomes["gave_up"]:
+            figures.violations.append(f"{tally.outcomes['gave_up']} operations never finished")
+    assert figures.faults == KILLS
+    assert len(state.operations) == len(ids) >= OPERATIONS
+    figures.assert_clean()
