@@ -215,7 +215,7 @@ async def test_resolve_validates_its_body(client: httpx.AsyncClient) -> None:
             {"outcome": "unresolved", "evidence": {**EVIDENCE, "checked_at": "yesterday"}},
             "evidence.checked_at",
         ),
-        ({"outcome": "unresolved", "evidence": {**EVIDENCE, "note": "x"}}, "note"),
+        ({"outcome": "unresolved", "evidence": {**EVIDENCE, "note": "x"}}, "evidence.note"),
         (
             {"outcome": "unresolved", "evidence": {"lookup_ref": None, "checked_at": "2026-11-30T10:00:00Z"}},
             "evidence.source",
