@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
     import uvicorn
 
+    from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
     from effect_ledger.runtime import database, export_settings, with_jwt_secret
 
@@ -61,17 +63,23 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGINT, _exit_quietly)
     with database(settings, run_migrations=not settings.database_url) as ready:
         export_settings(ready)
-        uvicorn.run(
-            "effect_ledger.http.app:app_from_env",
-            factory=True,
-            host=ready.host,
-            port=ready.port,
-            workers=ready.workers if ready.workers > 1 else None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
-            lifespan="on",
-        )
+        metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
+        try:
+            uvicorn.run(
+                "effect_ledger.http.app:app_from_env",
+                factory=True,
+                host=ready.host,
+                port=ready.port,
+                workers=ready.workers if ready.workers > 1 else None,
+                log_level="warning",
+                log_config=None,  # uvicorn's records go through the JSON handler of configure_logging
+                access_log=False,  # the app logs one summary line per request itself
+                timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
+                lifespan="on",
+            )
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

@@ -1,30 +1,76 @@
-"""structlog: JSON to stdout, contextvars first, secrets redacted before rendering."""
+"""structlog: JSON lines to stdout, contextvars first, secrets redacted before rendering.
+
+Everything is JSON, the service's own events and what the standard library's loggers (uvicorn,
+asyncpg) say, so one log pipeline parses all of it.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
 from effect_ledger.domain.redaction import redact_secrets
 
 
-def configure_logging(level: str = "info") -> None:
-    """Configure structlog (and stdlib logging underneath) once per process."""
+class _CurrentStdout:
+    """sys.stdout as it is at each write: pytest swaps it per test, and a bound stream would go stale."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+STDOUT: Any = _CurrentStdout()
+
+# Shared by structlog events and stdlib records, so both carry the same fields.
+_PRE_CHAIN: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.processors.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+class _JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The one root handler this module installs (recognised, and replaced, on reconfiguration)."""
+
+
+def level_number(level: str) -> int:
+    """The numeric level for a name such as "info" (INFO for anything unknown)."""
     numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        numeric = logging.INFO
-    logging.basicConfig(level=numeric, stream=sys.stdout, format="%(message)s")
+    return numeric if isinstance(numeric, int) else logging.INFO
+
+
+def configure_logging(level: str = "info") -> None:
+    """Configure structlog and the stdlib root logger; safe to call again (the last call wins)."""
+    numeric = level_number(level)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_secrets,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=[*_PRE_CHAIN, redact_secrets, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.WriteLoggerFactory(STDOUT),
+        # Not cached: a later configure_logging (another app in the same process, as in tests)
+        # must take effect for module-level loggers too; re-binding costs microseconds per line.
+        cache_logger_on_first_use=False,
     )
+    handler = _JsonHandler(STDOUT)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                redact_secrets,
+                structlog.processors.JSONRenderer(),
+            ],
+            foreign_pre_chain=[*_PRE_CHAIN, structlog.stdlib.add_logger_name],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _JsonHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    # Libraries (uvicorn, asyncpg, alembic, pgserver) chatter at info: only their warnings and errors,
+    # unless the service itself runs at debug.
+    root.setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))

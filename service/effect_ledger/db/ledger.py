@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -21,11 +21,27 @@ from effect_ledger.domain.claims import (
     first_attempt,
     next_attempt,
 )
-from effect_ledger.domain.errors import not_found
-from effect_ledger.domain.model import Binding, Change, Operation
+from effect_ledger.domain.errors import LedgerError, not_found
+from effect_ledger.domain.model import Binding, Change, EventDraft, Operation
 from effect_ledger.domain.timefmt import format_ts, to_ms
 from effect_ledger.domain.tokens import TOKEN_BYTES, encode_token, seal, token_hash, unseal
 from effect_ledger.domain.transitions import Decision
+
+
+class LedgerObserver(Protocol):
+    """Told of every ledger decision once its transaction has ended (metrics count these)."""
+
+    def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
+        """`call` names the operation ("claim", "submit", "sweep"...); `outcome` is a claim verdict,
+        the operation's status afterwards, or the refusal's problem code; `events` were committed."""
+
+
+class _Unobserved:
+    def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
+        return None
+
+
+UNOBSERVED: LedgerObserver = _Unobserved()
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +50,7 @@ class Ledger:
 
     pool: asyncpg.Pool
     acquire_timeout: float
+    observer: LedgerObserver = UNOBSERVED
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +60,7 @@ class ClaimResult:
     verdict: str  # created | new_attempt | replay | reuse_receipt
     operation: Operation
     token: str | None
+    events: tuple[EventDraft, ...] = ()  # what the claim appended
 
 
 def row_to_operation(row: Mapping[str, Any]) -> Operation:
@@ -130,6 +148,16 @@ async def apply_change(conn: asyncpg.Connection, tenant: str, op: Operation, cha
 
 async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
     """Claim an operation ID: insert-or-learn-who-won, then the claim table of API.md section 6."""
+    try:
+        result = await _claim(ledger, tenant, req, nonce)
+    except LedgerError as exc:
+        ledger.observer.observe("claim", exc.code, ())
+        raise
+    ledger.observer.observe("claim", result.verdict, result.events)
+    return result
+
+
+async def _claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "claim") as (conn, db_now):
         token, material = _new_material(tenant, req.operation_id, 1, nonce)
         fresh = first_attempt(req, material, db_now)
@@ -147,7 +175,7 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
             event_hash(GENESIS_HASH, event_content),
         )
         if inserted is not None:
-            return ClaimResult("created", fresh, token)
+            return ClaimResult("created", fresh, token, (event,))
         row = await conn.fetchrow(sql("read_operation"), tenant, req.operation_id)
         verdict = decide_claim(row_to_operation(row), req)
         if verdict == "new_attempt":
@@ -168,23 +196,30 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
         change = next_attempt(op, req, material)
         await apply_change(conn, tenant, op, change)
         assert change.state is not None
-        return ClaimResult("new_attempt", change.state, token)
+        return ClaimResult("new_attempt", change.state, token, change.events)
 
 
 async def transition(
     ledger: Ledger, tenant: str, operation_id: str, decide: Callable[[Operation], Decision], phase: str
 ) -> Operation:
     """Lock the operation, decide, write the change; a recorded refusal is raised after the commit."""
-    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, phase) as (conn, _):
-        row = await lock_for_change(conn, tenant, operation_id)
-        if row is None:
-            raise not_found()
-        op = row_to_operation(row)
-        decision = decide(op)
-        await apply_change(conn, tenant, op, decision.change)
+    try:
+        async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, phase) as (conn, _):
+            row = await lock_for_change(conn, tenant, operation_id)
+            if row is None:
+                raise not_found()
+            op = row_to_operation(row)
+            decision = decide(op)
+            await apply_change(conn, tenant, op, decision.change)
+    except LedgerError as exc:
+        ledger.observer.observe(phase, exc.code, ())
+        raise
+    after = decision.change.state or op
+    outcome = after.effective_status if decision.error is None else decision.error.code
+    ledger.observer.observe(phase, outcome, decision.change.events)
     if decision.error is not None:
         raise decision.error
-    return decision.change.state or op
+    return after
 
 
 async def get_operation(ledger: Ledger, tenant: str, operation_id: str) -> Operation:

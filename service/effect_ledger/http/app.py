@@ -19,29 +19,37 @@ from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
+from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
 from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
+from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
+from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
 ROUTES: list[Any] = [
     ExecutorController, livez, readyz, RecoveryController, ReconcilerController, AuditController,
+    metrics_endpoint,
 ]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
     """Build the app for `settings`; pools open at start-up and close at shutdown."""
+    configure_logging(settings.log_level)
     verifier = TokenVerifier(settings, jwt_secret)
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pools = await Pools.open(settings)
         app.state.pools = pools
-        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout)
+        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, LedgerTelemetry(metrics))
+        metrics.watch_pools(runtime=pools.runtime, reader=pools.reader)  # published from start-up on
         try:
             yield
         finally:
             await pools.close()
+            metrics.close()
 
     app = Litestar(
         route_handlers=ROUTES,
@@ -57,7 +65,11 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             render_plugins=[SwaggerRenderPlugin()],
         ),
         debug=False,
+        logging_config=None,  # logs.configure_logging owns logging: JSON, redacted
     )
+    # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too.
+    app.asgi_handler = RequestTelemetry(app.asgi_handler, metrics)
+    app.state.metrics = metrics
     app.state.verifier = verifier
     app.state.migration_head = head_revision()
     app.state.settings = settings
@@ -66,8 +78,4 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
 
 def app_from_env() -> Litestar:
     """Factory for multi-worker servers: each worker reads the settings its parent put in the environment."""
-    from effect_ledger.logs import configure_logging
-
-    settings = Settings.from_env()
-    configure_logging(settings.log_level)
-    return create_app(settings)
+    return create_app(Settings.from_env())

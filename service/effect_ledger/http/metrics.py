@@ -1,0 +1,214 @@
+"""Prometheus metrics at /metrics: ledger decisions, request latency, database pools.
+
+Labels are bounded by the code (results, statuses, codes, route templates), never by callers:
+no tenant, principal or operation ID appears in any series.
+
+Several server processes (`serve --workers N`) share their counts through prometheus_client's
+multiprocess mode: with PROMETHEUS_MULTIPROC_DIR set, each process writes its values to files
+there and a scrape of any process sums them. `serve` sets it up (see `prepare_multiprocess_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from litestar import Request, Response, get
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+from effect_ledger import __version__
+from effect_ledger.domain.errors import PROBLEMS
+from effect_ledger.domain.model import TERMINAL, UNKNOWN, EventDraft
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# claim verdicts (db.ledger) and claim refusals (problem codes) -> the `result` label
+CLAIM_RESULTS = {
+    "created": "granted",
+    "new_attempt": "reclaimed",
+    "replay": "replayed",
+    "reuse_receipt": "reuse_receipt",
+    "operation_in_progress": "in_progress",
+    "outcome_unknown": "outcome_unknown",
+    "intent_conflict": "intent_conflict",
+}
+# Every status change the state machine allows; exported from the start so rates never lack a series.
+TRANSITIONS = (
+    ("none", "pending"), ("pending", "submitted"), ("pending", "committed"), ("pending", "not_applied"),
+    ("submitted", "committed"), ("submitted", "not_applied"), ("submitted", "unknown"),
+    ("unknown", "committed"), ("unknown", "not_applied"), ("not_applied", "pending"),
+)
+RECONCILIATIONS = ("committed", "not_applied", "unresolved", "conflicting")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# Claims and transitions take a few milliseconds; lock waits and timeouts take up to seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def multiprocess_dir() -> str | None:
+    """The shared metrics directory of a multi-process server, if there is one."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def prepare_multiprocess_dir(workers: int) -> Path | None:
+    """Before server processes start: empty the configured directory, or create one for N > 1 workers.
+
+    Returns the directory this call created (the caller removes it on exit), else None.
+    """
+    configured = multiprocess_dir()
+    if configured:
+        path = Path(configured)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):  # values of an earlier run would be added to this one's
+            stale.unlink()
+        return None
+    if workers <= 1:
+        return None
+    created = Path(tempfile.mkdtemp(prefix="effect-ledger-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(created)
+    return created
+
+
+class Metrics:
+    """The service's metrics in their own registry (one per app, so tests start from zero)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.claims = Counter(
+            "effect_ledger_claims", "Claims answered, by result.", ["result"], registry=r)
+        self.transitions = Counter(
+            "effect_ledger_transitions", "Status changes recorded, by from and to status.",
+            ["from_status", "to_status"], registry=r)
+        self.unknown_recorded = Counter(
+            "effect_ledger_unknown_outcomes_recorded",
+            "Operations that became unknown: reported by the executor, or a submitted lease that expired.",
+            ["cause"], registry=r)
+        self.unknown_resolved = Counter(
+            "effect_ledger_unknown_outcomes_resolved",
+            "Unknown operations settled (by a reconciler or a late executor report), by outcome.",
+            ["outcome"], registry=r)
+        self.reconciliations = Counter(
+            "effect_ledger_reconciliations", "Reconciler verdicts recorded, by outcome.",
+            ["outcome"], registry=r)
+        self.lease_expiries = Counter(
+            "effect_ledger_lease_expiries",
+            "Submitted leases materialised as expired (unknown), by the sweeper or by a later transition.",
+            ["via"], registry=r)
+        self.refusals = Counter(
+            "effect_ledger_refusals",
+            "Transitions refused (stale_claim, invalid_transition...), by call and problem code.",
+            ["call", "code"], registry=r)
+        self.requests = Histogram(
+            "effect_ledger_http_request_duration_seconds",
+            "HTTP requests, by route template, method and status class.",
+            ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=r)
+        self.pool_connections = Gauge(
+            "effect_ledger_db_pool_connections", "Database pool connections, by pool and state.",
+            ["pool", "state"], registry=r, multiprocess_mode="livesum")
+        self.pool_max = Gauge(
+            "effect_ledger_db_pool_max_connections", "Database pool capacity, by pool.",
+            ["pool"], registry=r, multiprocess_mode="livesum")
+        build = Gauge("effect_ledger_build_info", "The running version.", ["version"], registry=r,
+                      multiprocess_mode="max")
+        build.labels(__version__).set(1)
+        for result in CLAIM_RESULTS.values():
+            self.claims.labels(result)
+        for source, target in TRANSITIONS:
+            self.transitions.labels(source, target)
+        for cause in ("reported", "lease_expired"):
+            self.unknown_recorded.labels(cause)
+        for outcome in sorted(TERMINAL):
+            self.unknown_resolved.labels(outcome)
+        for outcome in RECONCILIATIONS:
+            self.reconciliations.labels(outcome)
+        for via in ("sweep", "transition"):
+            self.lease_expiries.labels(via)
+        self._pools: dict[str, asyncpg.Pool] = {}
+        self._multiprocess = multiprocess_dir() is not None
+
+    # --- the ledger observer (db.ledger.LedgerObserver) -------------------------------------
+
+    def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
+        """Count one ledger decision and the events it committed."""
+        if call == "claim":
+            result = CLAIM_RESULTS.get(outcome)
+            if result is not None:
+                self.claims.labels(result).inc()
+        elif outcome in PROBLEMS:
+            self.refusals.labels(call, outcome).inc()
+        for event in events:
+            self._count_event(call, event)
+
+    def _count_event(self, call: str, event: EventDraft) -> None:
+        source, target = event.from_status, event.to_status
+        if target is not None and source != target:
+            self.transitions.labels(source or "none", target).inc()
+        if target == UNKNOWN and source != UNKNOWN:
+            cause = "lease_expired" if event.kind == "lease_expired" else "reported"
+            self.unknown_recorded.labels(cause).inc()
+        if source == UNKNOWN and target in TERMINAL:
+            self.unknown_resolved.labels(target).inc()
+        if event.kind == "lease_expired":
+            self.lease_expiries.labels("sweep" if call == "sweep" else "transition").inc()
+        if event.kind == "resolved" and target is not None:
+            self.reconciliations.labels(target).inc()
+        elif event.kind == "reconcile_unresolved":
+            self.reconciliations.labels("unresolved").inc()
+        elif event.kind == "discrepancy" and event.data.get("source") == "resolve":
+            self.reconciliations.labels("conflicting").inc()
+
+    # --- requests and pools -----------------------------------------------------------------
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one answered request in the latency histogram."""
+        method = method if method in METHODS else "other"
+        self.requests.labels(route, method, f"{status // 100}xx").observe(seconds)
+        if self._multiprocess:
+            # Each process publishes its own pools; a scrape reaches only one of them.
+            self.refresh_pools()
+
+    def watch_pools(self, **pools: asyncpg.Pool | None) -> None:
+        """The pools whose connections the gauges report (read now and at every scrape)."""
+        self._pools = {name: pool for name, pool in pools.items() if pool is not None}
+        self.refresh_pools()
+
+    def refresh_pools(self) -> None:
+        """Read the pools' sizes into the gauges."""
+        for name, pool in self._pools.items():
+            size, idle = pool.get_size(), pool.get_idle_size()
+            self.pool_connections.labels(name, "in_use").set(size - idle)
+            self.pool_connections.labels(name, "idle").set(idle)
+            self.pool_max.labels(name).set(pool.get_max_size())
+
+    def render(self) -> bytes:
+        """The text exposition: this process's registry, or every process's values in multiprocess mode."""
+        self.refresh_pools()
+        if self._multiprocess:
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return bytes(generate_latest(merged))
+        return bytes(generate_latest(self.registry))
+
+    def close(self) -> None:
+        """At process shutdown: this process's live gauges stop counting towards the sums."""
+        if self._multiprocess:
+            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+@get("/metrics", tags=["operations"])
+async def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text exposition; no token needed, no tenant data."""
+    metrics: Metrics = request.app.state.metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,168 @@
+"""Per request: an X-Request-ID, one JSON summary line, and the latency histogram.
+
+RequestTelemetry wraps the whole Litestar ASGI handler (outside routing and the exception
+handlers), so 404s, 405s and problem answers get the header and the log line as well.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from effect_ledger.domain.errors import LedgerError
+from effect_ledger.domain.model import EventDraft
+from effect_ledger.http.metrics import CLAIM_RESULTS, Metrics
+from effect_ledger.http.problems import PROBLEM_JSON, problem_body
+
+REQUEST_ID_HEADER = b"x-request-id"
+# A caller's request ID is kept only if it is short and harmless to log and to echo in a header.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
+# Probes and scrapes come every few seconds: their lines are debug, unless they fail.
+QUIET_ROUTES = frozenset({"/livez", "/readyz", "/metrics"})
+UNMATCHED = "unmatched"
+_MAX_OPERATION_ID = 200
+_MAX_PROBLEM_BYTES = 64 * 1024
+
+log = structlog.get_logger("effect_ledger.http")
+
+
+class _Problem(msgspec.Struct):
+    code: str | None = None
+
+
+def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The caller's X-Request-ID when it is safe, else a new one."""
+    for name, value in headers:
+        if name.lower() == REQUEST_ID_HEADER:
+            text = value.decode("latin-1")
+            if _SAFE_REQUEST_ID.fullmatch(text):
+                return text
+            break
+    return uuid.uuid4().hex
+
+
+@dataclass
+class _Exchange:
+    """What the response said, as far as the summary line needs it."""
+
+    status: int | None = None
+    problem: bool = False
+    body: bytes = b""
+    finished: float | None = None
+
+
+class LedgerTelemetry:
+    """The ledger's observer: counts into the metrics and names the outcome in the request's log line."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
+        """Count the decision; bind `outcome` for the summary line of the request that made it."""
+        self.metrics.observe(call, outcome, events)
+        structlog.contextvars.bind_contextvars(
+            outcome=CLAIM_RESULTS.get(outcome, outcome) if call == "claim" else outcome
+        )
+
+
+class RequestTelemetry:
+    """ASGI wrapper: request ID in and out, duration, one `request` log line, the latency histogram."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # type: ignore[comparison-overlap]  # lifespan never gets here
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = request_id_from(scope["headers"])
+        exchange = _Exchange()
+        header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
+                exchange.status = message["status"]
+                exchange.problem = any(
+                    name.lower() == b"content-type" and value.startswith(PROBLEM_JSON.encode())
+                    for name, value in headers
+                )
+                message = {**message, "headers": [*headers, header]}
+            elif message["type"] == "http.response.body":
+                if exchange.problem and len(exchange.body) < _MAX_PROBLEM_BYTES:
+                    exchange.body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    exchange.finished = time.perf_counter()
+            await send(message)
+
+        # outcome=None first, so that the value a handler binds is reset with request_id afterwards.
+        with structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None):
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception as exc:
+                if exchange.status is not None:
+                    raise
+                # Exception handlers answer everything; this is the last resort if one of them fails.
+                log.error("unhandled_exception", exception_type=type(exc).__name__)
+                await _send_internal_error(send_with_id)
+            finally:
+                self._summarise(scope, exchange, started)
+
+    def _summarise(self, scope: Scope, exchange: _Exchange, started: float) -> None:
+        ended = exchange.finished or time.perf_counter()
+        status = exchange.status or 500
+        route = _route_of(scope)
+        method = str(scope.get("method", ""))
+        self.metrics.observe_request(route, method, status, ended - started)
+        caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
+        quiet = route in QUIET_ROUTES and status < 500
+        (log.debug if quiet else log.info)(
+            "request",
+            route=route,
+            method=method,
+            status=status,
+            code=_problem_code(exchange) if exchange.problem else None,
+            tenant=getattr(caller, "tenant", None),
+            principal=getattr(caller, "principal", None),
+            operation_id=_operation_id(scope),
+            duration_ms=round((ended - started) * 1000, 3),
+        )
+
+
+def _route_of(scope: Scope) -> str:
+    """The matched route's template ("/v1/operations/{operation_id}/claim"), never the concrete path."""
+    handler = scope.get("route_handler")
+    template = scope.get("path_template")
+    if handler is None or not template:
+        return UNMATCHED
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", str(template))
+
+
+def _operation_id(scope: Scope) -> str | None:
+    value = (scope.get("path_params") or {}).get("operation_id")
+    return value[:_MAX_OPERATION_ID] if isinstance(value, str) else None
+
+
+def _problem_code(exchange: _Exchange) -> str | None:
+    try:
+        return msgspec.json.decode(exchange.body, type=_Problem).code
+    except msgspec.DecodeError:
+        return None
+
+
+async def _send_internal_error(send: Send) -> None:
+    body = msgspec.json.encode(problem_body(LedgerError("internal", "An internal error occurred.")))
+    await send({
+        "type": "http.response.start", "status": 500,
+        "headers": [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,120 @@
+"""`effect-ledger serve` as a subprocess on an embedded PostgreSQL, and a superuser connection to it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from conftest import TEST_SECRET, free_port
+
+SERVE_READY_SECONDS = 90
+
+
+def effect_ledger_command() -> list[str]:
+    """The installed console script beside this interpreter, else the module."""
+    script = Path(sys.executable).with_name("effect-ledger")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "effect_ledger.cli"]
+
+
+def serve_env(data_dir: Path, **settings: str) -> dict[str, str]:
+    """Only what API.md section 11 says outside programs set, plus the given EFFECT_LEDGER_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EFFECT_LEDGER_", "PROMETHEUS_"))}
+    env.update(
+        EFFECT_LEDGER_DATA_DIR=str(data_dir),
+        EFFECT_LEDGER_JWT_SECRET=TEST_SECRET,
+        EFFECT_LEDGER_JWT_ALGORITHM="HS256",
+    )
+    env.update({"EFFECT_LEDGER_" + name.upper(): value for name, value in settings.items()})
+    return env
+
+
+def postmaster(data_dir: Path) -> tuple[int, int, str] | None:
+    """(pid, port, socket directory) of the embedded PostgreSQL from postmaster.pid; None when stopped."""
+    try:
+        lines = (data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return int(lines[0]), int(lines[3]), lines[4]
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid runs (an exited one not yet reaped by its parent does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@dataclass
+class Served:
+    """A running `serve` process."""
+
+    proc: asyncio.subprocess.Process
+    port: int
+    data_dir: Path
+    output: Path
+
+    @property
+    def base_url(self) -> str:
+        """Where it listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def owner(self) -> asyncpg.Connection:
+        """A superuser connection to the embedded database (bypasses row-level security)."""
+        found = postmaster(self.data_dir)
+        assert found is not None
+        _, port, socket_dir = found
+        return await asyncpg.connect(host=socket_dir, port=port, user="postgres", database="postgres")
+
+    async def wait(self, within: float = 60) -> int:
+        """The exit code, waiting at most `within` seconds."""
+        return await asyncio.wait_for(self.proc.wait(), within)
+
+    def log(self) -> str:
+        """What the process wrote to stdout and stderr."""
+        return self.output.read_text(errors="replace")
+
+
+async def start_serve(tmp_path: Path, *args: str, **settings: str) -> Served:
+    """Start `serve --port N` and wait until /readyz answers 200."""
+    port = free_port()
+    data_dir = tmp_path / "data"
+    output = tmp_path / "serve.log"
+    with output.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            *effect_ledger_command(), "serve", "--port", str(port), *args,
+            env=serve_env(data_dir, **settings), stdout=sink, stderr=sink,
+        )
+    served = Served(proc, port, data_dir, output)
+    deadline = time.monotonic() + SERVE_READY_SECONDS
+    async with httpx.AsyncClient(base_url=served.base_url, timeout=2) as http:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise AssertionError(f"serve exited with {proc.returncode}:\n{served.log()[-3000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if (await http.get("/readyz")).status_code == 200:
+                    return served
+            await asyncio.sleep(0.2)
+    proc.kill()
+    await proc.wait()
+    raise AssertionError(f"serve was not ready within {SERVE_READY_SECONDS} s:\n{served.log()[-3000:]}")
+
+
+async def kill_quietly(served: Served) -> None:
+    """Make sure a failed test leaves no server (or embedded PostgreSQL) behind."""
+    if served.proc.returncode is None:
+        served.proc.terminate()
+        try:
+            await served.wait(60)
+        except TimeoutError:
+            served.proc.kill()
+            await served.proc.wait()

@@ -1,0 +1,130 @@
+"""/livez never needs the database; /readyz follows the database and the migration head."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import httpx
+import pytest
+
+from conftest import Service, free_port
+from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+from effect_ledger.settings import Settings
+
+
+class Outage:
+    """A TCP proxy in front of the test database that can be cut (as a database restart would)."""
+
+    def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
+        self.port = free_port()
+        self.server: asyncio.Server | None = None
+        self.pipes: set[asyncio.StreamWriter] = set()
+
+    def _unix_socket(self) -> str:
+        parts = urlsplit(self.db_url)
+        socket_dir = Path(parse_qs(parts.query)["host"][0])
+        [socket] = [s for s in socket_dir.glob(f".s.PGSQL.{parts.port or '*'}") if s.suffix != ".lock"]
+        return str(socket)
+
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        parts = urlsplit(self.db_url)
+        if parts.hostname:
+            return await asyncio.open_connection(parts.hostname, parts.port or 5432)
+        return await asyncio.open_unix_connection(self._unix_socket())
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await self._open_upstream()
+        self.pipes |= {writer, up_writer}
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    async def up(self) -> None:
+        """Accept connections (again)."""
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        """Refuse new connections and cut every open one."""
+        assert self.server is not None
+        self.server.close()
+        for pipe in self.pipes:
+            pipe.close()
+        self.pipes.clear()
+        await self.server.wait_closed()
+
+    def role_url(self, role: str) -> str:
+        """The role's URL through the proxy, with the password `migrate` derived for it."""
+        database = urlsplit(self.db_url).path
+        password = derived_password(self.db_url, role)
+        return f"postgresql://{role}:{password}@127.0.0.1:{self.port}{database}"
+
+
+@pytest.fixture
+async def outage(db_url: str) -> AsyncIterator[Outage]:
+    proxy = Outage(db_url)
+    await proxy.up()
+    try:
+        yield proxy
+    finally:
+        with contextlib.suppress(AssertionError):
+            await proxy.down()
+
+
+async def test_livez_answers_through_a_database_outage_and_readyz_follows_it(
+    settings: Settings, outage: Outage
+) -> None:
+    proxied = replace(
+        settings, runtime_database_url=outage.role_url(RUNTIME_ROLE),
+        reader_database_url=outage.role_url(READER_ROLE), pool_acquire_timeout_ms=500,
+    )
+    async with Service(proxied) as service, service.client() as http:
+        assert (await http.get("/livez")).json() == {"status": "ok"}
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {"status": "ok", "checks": {"database": "ok", "migrations": "at_head"}}
+
+        await outage.down()
+        for _ in range(3):  # the cut connection, then refused reconnects
+            down = await http.get("/readyz")
+            assert down.status_code == 503
+            assert down.json()["status"] == "unavailable"
+            assert down.json()["checks"]["database"] == "unreachable"
+            live = await http.get("/livez")
+            assert live.status_code == 200 and live.json() == {"status": "ok"}
+
+        await outage.up()
+        assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_readyz_is_503_until_migrations_reach_head(client: httpx.AsyncClient, db_url: str) -> None:
+    owner = await asyncpg.connect(db_url)
+    try:
+        head = await owner.fetchval("SELECT version_num FROM alembic_version")
+        await owner.execute("UPDATE alembic_version SET version_num = '0001'")
+        behind = await client.get("/readyz")
+        assert behind.status_code == 503
+        assert behind.json() == {
+            "status": "unavailable", "checks": {"database": "ok", "migrations": "behind"}}
+        await owner.execute("UPDATE alembic_version SET version_num = $1", head)
+        assert (await client.get("/readyz")).status_code == 200
+    finally:
+        await owner.close()
+
+
+async def test_health_and_metrics_need_no_token(client: httpx.AsyncClient) -> None:
+    for path in ("/livez", "/readyz", "/metrics"):
+        r = await client.get(path, headers={"Authorization": "Bearer not-a-token"})
+        assert r.status_code == 200, path
