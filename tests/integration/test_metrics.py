@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -188,3 +190,24 @@ async def test_metrics_needs_no_token_and_is_not_cached_per_app(settings: Any) -
         two = samples((await http.get("/metrics")).text)
     key = ("effect_ledger_claims_total", frozenset({("result", "granted")}))
     assert one[key] == 1 and two[key] == 0
+
+
+async def test_the_background_sweep_counts_its_expiries(settings: Any, db_url: str) -> None:
+    sweeping = replace(settings, background_sweep=True, sweep_interval_seconds=1)
+    async with Service(sweeping) as running, running.client() as http:
+        token = (await claim(http, "op-sweep")).json()["claim"]["token"]
+        assert await call(http, "op-sweep", "submit", {"token": token}) == 200
+        await expire_lease(db_url, "op-sweep")
+        expiries: dict[str, float] = {}
+        for _ in range(100):  # the sweeper runs every second
+            scrape = samples((await http.get("/metrics")).text)
+            expiries = by_label(scrape, "effect_ledger_lease_expiries_total", "via")
+            if expiries["sweep"]:
+                break
+            await asyncio.sleep(0.1)
+        found = samples((await http.get("/metrics")).text)
+    assert expiries == {"sweep": 1, "transition": 0}
+    assert by_label(found, "effect_ledger_unknown_outcomes_recorded_total", "cause") == {
+        "reported": 0, "lease_expired": 1}
+    edge = frozenset({("from_status", "submitted"), ("to_status", "unknown")})
+    assert found[("effect_ledger_transitions_total", edge)] == 1

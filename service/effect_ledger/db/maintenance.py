@@ -13,6 +13,7 @@ purger, on any replica or CronJob, finds it taken and skips its run instead of q
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,7 +24,14 @@ import msgspec
 import structlog
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.ledger import apply_change, lock_for_change, row_to_operation
+from effect_ledger.db.ledger import (
+    UNOBSERVED,
+    LedgerObserver,
+    apply_change,
+    lock_for_change,
+    row_to_operation,
+)
+from effect_ledger.domain.model import UNKNOWN, EventDraft
 from effect_ledger.domain.transitions import decide_sweep
 from effect_ledger.settings import Settings
 
@@ -84,9 +92,12 @@ async def exclusive(conn: asyncpg.Connection, key: tuple[int, int]) -> AsyncIter
             await conn.fetchval(sql("release_maintenance_lock"), *key)
 
 
-async def sweep_batch(conn: asyncpg.Connection, batch_size: int) -> tuple[int, int]:
+async def sweep_batch(
+    conn: asyncpg.Connection, batch_size: int, observer: LedgerObserver = UNOBSERVED
+) -> tuple[int, int]:
     """Lock up to batch_size expired submitted operations and mark each unknown; (found, swept)."""
     swept = 0
+    recorded: list[EventDraft] = []
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
         keys = await conn.fetch(sql("sweep_candidates"), batch_size)
@@ -101,17 +112,20 @@ async def sweep_batch(conn: asyncpg.Connection, batch_size: int) -> tuple[int, i
             change = decide_sweep(op)
             await apply_change(conn, tenant, op, change)
             swept += change.state is not None
+            recorded.extend(change.events)
+    if recorded:  # committed: the metrics count them as sweeps
+        observer.observe("sweep", UNKNOWN, recorded)
     return len(keys), swept
 
 
-async def _sweep_on(conn: asyncpg.Connection, batch_size: int) -> RunResult:
+async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerObserver) -> RunResult:
     result = RunResult("sweep", counts={"swept": 0})
     async with exclusive(conn, SWEEP_LOCK) as held:
         if not held:
             result.skipped = True
             return result
         while True:
-            found, swept = await sweep_batch(conn, batch_size)
+            found, swept = await sweep_batch(conn, batch_size, observer)
             result.batches += 1
             result.counts["swept"] += swept
             # Locked rows were skipped, not found: a short batch means nothing sweepable is left.
@@ -119,11 +133,11 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int) -> RunResult:
                 return result
 
 
-async def sweep(settings: Settings) -> RunResult:
+async def sweep(settings: Settings, observer: LedgerObserver = UNOBSERVED) -> RunResult:
     """Mark every submitted operation whose lease has expired unknown, with a `lease_expired` event."""
     conn = await owner_connection(settings)
     try:
-        return await _sweep_on(conn, settings.sweep_batch_size)
+        return await _sweep_on(conn, settings.sweep_batch_size, observer)
     finally:
         await conn.close()
 
@@ -200,7 +214,9 @@ async def _every(interval: float, run: Task, settings: Settings) -> None:
 
 
 @asynccontextmanager
-async def background_maintenance(settings: Settings) -> AsyncIterator[None]:
+async def background_maintenance(
+    settings: Settings, observer: LedgerObserver = UNOBSERVED
+) -> AsyncIterator[None]:
     """Sweep (and purge, less often) in the background of `serve` when background_sweep is on."""
     if not settings.background_sweep:
         yield
@@ -209,8 +225,9 @@ async def background_maintenance(settings: Settings) -> AsyncIterator[None]:
         log.warning("maintenance_disabled", reason="background sweep needs EFFECT_LEDGER_DATABASE_URL")
         yield
         return
+    observed_sweep = functools.update_wrapper(functools.partial(sweep, observer=observer), sweep)
     tasks = [
-        asyncio.create_task(_every(settings.sweep_interval_seconds, sweep, settings)),
+        asyncio.create_task(_every(settings.sweep_interval_seconds, observed_sweep, settings)),
         asyncio.create_task(_every(settings.purge_interval_seconds, purge, settings)),
     ]
     try:

@@ -55,7 +55,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         route_handlers=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,
         # sweep and purge run on their own owner connection, not the pools
-        lifespan=[lifespan, lambda _: background_maintenance(settings)],
+        lifespan=[lifespan, lambda _: background_maintenance(settings, metrics)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",
