@@ -207,7 +207,7 @@ class Metrics:
             multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
-@get("/metrics", tags=["operations"])
+@get("/metrics", tags=["operations"], media_type=CONTENT_TYPE_LATEST)
 async def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text exposition; no token needed, no tenant data."""
     metrics: Metrics = request.app.state.metrics
