@@ -13,7 +13,7 @@ import msgspec
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
-from effect_ledger.domain.errors import DatabaseUnavailable
+from effect_ledger.domain.errors import DatabaseUnavailable, validation_failed
 from effect_ledger.settings import Settings
 
 # Failures that mean "the database is unreachable, restarting or overloaded": answered 503, retryable.
@@ -31,6 +31,12 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.SerializationError,
+)
+
+# Values PostgreSQL refuses to store: NUL in text ("invalid byte sequence") and \u0000 in jsonb.
+UNSTORABLE: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.CharacterNotInRepertoireError,
+    asyncpg.exceptions.UntranslatableCharacterError,
 )
 
 
@@ -109,3 +115,6 @@ async def tenant_tx(
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:
         raise DatabaseUnavailable(phase, type(exc).__name__) from exc
+    except UNSTORABLE as exc:
+        # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
+        raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
