@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -26,6 +26,10 @@ from effect_ledger.domain.model import Binding, Change, EventDraft, Operation
 from effect_ledger.domain.timefmt import format_ts, to_ms
 from effect_ledger.domain.tokens import TOKEN_BYTES, encode_token, seal, token_hash, unseal
 from effect_ledger.domain.transitions import Decision
+
+# Writes that must commit with a transition (e.g. complete's incident); run after the change is
+# applied, inside the same transaction, and only when the decision is not a refusal.
+ExtraWrites = Callable[[asyncpg.Connection, Operation, Decision], Awaitable[None]]
 
 
 class LedgerObserver(Protocol):
@@ -200,7 +204,8 @@ async def _claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | No
 
 
 async def transition(
-    ledger: Ledger, tenant: str, operation_id: str, decide: Callable[[Operation], Decision], phase: str
+    ledger: Ledger, tenant: str, operation_id: str, decide: Callable[[Operation], Decision], phase: str,
+    *, extra_writes: ExtraWrites | None = None,
 ) -> Operation:
     """Lock the operation, decide, write the change; a recorded refusal is raised after the commit."""
     try:
@@ -211,6 +216,8 @@ async def transition(
             op = row_to_operation(row)
             decision = decide(op)
             await apply_change(conn, tenant, op, decision.change)
+            if extra_writes is not None and decision.error is None:
+                await extra_writes(conn, op, decision)
     except LedgerError as exc:
         ledger.observer.observe(phase, exc.code, ())
         raise

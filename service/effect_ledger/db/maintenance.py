@@ -24,6 +24,7 @@ import msgspec
 import structlog
 
 from effect_ledger.db.catalogue import sql
+from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.ledger import (
     UNOBSERVED,
     LedgerObserver,
@@ -179,12 +180,10 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
             result.counts["events"] += events
             if operations < settings.purge_batch_size:
                 break
-        # ---- Diagnostics retention (issue 4) goes here ---------------------------------------------
-        # Same owner connection, same advisory lock, outside any transaction; each batch sets
-        # maintenance_scope('on') in its own transaction. Add its counts to result.counts, e.g.
-        #   purged = await purge_diagnostics(conn, settings)
-        #   result.counts.update(incidents=purged.incidents, access_log=purged.access_log)
-        # -----------------------------------------------------------------------------------------------
+        # Diagnostics retention (issue 4): same owner connection, same advisory lock; each batch
+        # sets maintenance_scope('on') in its own transaction.
+        purged = await purge_diagnostics(conn, settings)
+        result.counts.update(incidents=purged.incidents, access_log=purged.access_log)
     return result
 
 

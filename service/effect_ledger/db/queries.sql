@@ -252,3 +252,120 @@ WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
 DELETE FROM ledger.operations AS o
 USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Protected diagnostics (API.md section 9). The runtime role inserts incidents but cannot read
+-- them, so nothing here uses RETURNING on incidents; the reader role reads them and appends to
+-- the access log in the same transaction.
+
+-- name: insert_incident
+-- Store one incident (id made by the caller); created_at defaults to the database clock.
+INSERT INTO diagnostics.incidents (
+    tenant_id, incident_id, source, principal, operation_id, attempt, phase, cause, http_status,
+    provider, provider_request_id, retryable_hint, elapsed_ms, detail_code, headers, route, method,
+    exception_type, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+        COALESCE($19::timestamptz, clock_timestamp()));
+
+-- name: read_incident
+-- One incident of the tenant (reader role only).
+SELECT tenant_id AS tenant, incident_id, created_at, source, principal, operation_id, attempt, phase,
+       cause, http_status, provider, provider_request_id, retryable_hint, elapsed_ms, detail_code,
+       headers, route, method, exception_type
+FROM diagnostics.incidents
+WHERE tenant_id = $1 AND incident_id = $2;
+
+-- name: append_access_log
+-- Record who read which incident, when and why; commits with the read or not at all.
+INSERT INTO diagnostics.access_log (tenant_id, access_id, at, incident_id, principal, purpose)
+VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: outcome_incident_reference
+-- The incident stored by this attempt's report of `unknown`, so that a repeated report answers the same.
+SELECT data->>'incident'
+FROM ledger.events
+WHERE tenant_id = $1 AND operation_id = $2 AND attempt = $3 AND kind = 'completed' AND to_status = 'unknown'
+ORDER BY seq DESC
+LIMIT 1;
+
+-- name: purge_cutoffs
+-- The database clock's cutoffs for incidents ($1 days) and access-log rows ($2 days).
+SELECT clock_timestamp() - make_interval(days => $1) AS incidents_before,
+       clock_timestamp() - make_interval(days => $2) AS access_log_before;
+
+-- name: purge_incidents_batch
+-- Delete up to $2 incidents created before $1 (oldest first, by incidents_age), across tenants.
+-- Runs as the owner in maintenance scope (policy `maintenance`), so it sees every tenant.
+DELETE FROM diagnostics.incidents
+WHERE (tenant_id, incident_id) IN (
+    SELECT tenant_id, incident_id FROM diagnostics.incidents
+    WHERE created_at < $1 ORDER BY created_at LIMIT $2);
+
+-- name: purge_access_log_batch
+-- Delete up to $2 access-log rows written before $1 (by access_log_age), across tenants.
+DELETE FROM diagnostics.access_log
+WHERE (tenant_id, access_id) IN (
+    SELECT tenant_id, access_id FROM diagnostics.access_log
+    WHERE at < $1 ORDER BY at LIMIT $2);
+
+-- ---------------------------------------------------------------------------------------------
+-- Benchmark (`effect-ledger bench`): run as the owner on the bench's own databases, never by serve.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: bench_database_ddl
+-- CREATE and DROP of a benchmark database, with its name quoted by the server rather than by us.
+SELECT format('CREATE DATABASE %I', $1::text) AS create_database,
+       format('DROP DATABASE IF EXISTS %I WITH (FORCE)', $1::text) AS drop_database;
+
+-- name: bench_server
+-- The server's version and the backend serving this connection (its parent is the postmaster).
+SELECT current_setting('server_version') AS version, pg_backend_pid() AS backend_pid;
+
+-- name: bench_bulk_operations
+-- Growth history streamed into COPY: committed operations n = $2..$3 of tenant $1 (recent, so no purge
+-- takes them during a run). Columns are named as in ledger.operations; the rest stay NULL.
+SELECT $1::text AS tenant_id, 'bulk-' || n AS operation_id, 'bench-history' AS principal,
+       'bench.transfer' AS tool, '1.0.0' AS tool_version,
+       'sha256:' || md5(n::text) || md5('intent-' || n) AS intent_digest, 'committed' AS status,
+       1 AS attempt, decode(md5('token-' || n), 'hex') AS claim_token_hash, 30 AS lease_seconds,
+       'ref-' || n AS effect_ref,
+       jsonb_build_object('external_ref', 'rcpt-' || n, 'result_digest', NULL, 'result', NULL,
+                          'observed_at', NULL, 'recorded_by', 'bench-history',
+                          'recorded_at', to_char(t.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
+           AS receipt,
+       t.at AS created_at, t.at AS updated_at, t.at AS submitted_at, t.at AS resolved_at,
+       'bench-history' AS resolved_by
+FROM generate_series($2::bigint, $3::bigint) AS n
+CROSS JOIN LATERAL (SELECT now() - interval '2 days' + (n % 86400000) * interval '1 millisecond' AS at) AS t;
+
+-- name: bench_bulk_events
+-- One event per bulk operation n = $2..$3 of tenant $1, for COPY; the hashes are filler, not a chain.
+SELECT $1::text AS tenant_id, 'bulk-' || n AS operation_id, 1 AS seq,
+       now() - interval '2 days' + (n % 86400000) * interval '1 millisecond' AS at,
+       'claimed' AS kind, 'bench-history' AS actor, 'pending' AS to_status, 1 AS attempt,
+       jsonb_build_object('lease_expires_at', 'n/a') AS data, repeat('0', 64) AS prev_hash,
+       md5('event-' || n) || md5('hash-' || n) AS hash
+FROM generate_series($2::bigint, $3::bigint) AS n;
+
+-- name: bench_analyze
+-- Fresh planner statistics after a bulk load.
+ANALYZE ledger.operations, ledger.events;
+
+-- name: bench_checkpoint
+-- Flush a bulk load before measuring, so no checkpoint of it lands inside a measured window.
+CHECKPOINT;
+
+-- name: bench_relation_sizes
+-- Bytes of each ledger table with its TOAST and indexes, of its indexes alone, and its estimated rows.
+SELECT relname AS name, pg_total_relation_size(oid) AS total_bytes, pg_indexes_size(oid) AS index_bytes,
+       reltuples::bigint AS estimated_rows
+FROM pg_class
+WHERE oid IN ('ledger.operations'::regclass, 'ledger.events'::regclass)
+ORDER BY relname DESC;
+
+-- name: bench_committed_ids
+-- Up to $3 committed operation IDs of tenant $1 that start with $2 (the service phase's own): claiming
+-- them again, with the same binding, measures the replay path.
+SELECT operation_id FROM ledger.operations
+WHERE tenant_id = $1 AND status = 'committed' AND starts_with(operation_id, $2)
+LIMIT $3;

@@ -17,8 +17,10 @@ from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
+from effect_ledger.http.diagnostics import DiagnosticsController
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
+from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
 from effect_ledger.http.reconciler import ReconcilerController
@@ -27,10 +29,8 @@ from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
 from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
-ROUTES: list[Any] = [
-    ExecutorController, livez, readyz, RecoveryController, ReconcilerController, AuditController,
-    metrics_endpoint,
-]
+ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
+                     ReconcilerController, AuditController, metrics_endpoint]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -54,8 +54,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app = Litestar(
         route_handlers=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,
-        # sweep and purge run on their own owner connection, not the pools
-        lifespan=[lifespan, lambda _: background_maintenance(settings, metrics)],
+        # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
+        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",

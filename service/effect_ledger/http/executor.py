@@ -7,13 +7,21 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 
+from effect_ledger.db import diagnostics as diagnostics_repo
 from effect_ledger.db import ledger as repo
 from effect_ledger.domain.claims import ClaimRequest
 from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
-from effect_ledger.domain.transitions import Decision, Report, decide_complete, decide_heartbeat, decide_submit
+from effect_ledger.domain.transitions import (
+    Decision,
+    Report,
+    decide_complete,
+    decide_heartbeat,
+    decide_submit,
+)
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, requires
 from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
     CompleteBody,
@@ -23,6 +31,7 @@ from effect_ledger.http.schemas import (
     claim_digest,
     reason_content,
     receipt_content,
+    strict_body,
 )
 
 OPERATION_PATH = "/v1/operations/{operation_id:str}"
@@ -43,6 +52,7 @@ class ExecutorController(Controller):
     async def claim(self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]) -> Response[Any]:
         """Claim an operation ID: 201 execute, 200 reuse_receipt, or a 409/422 problem."""
         check_operation_id(operation_id)
+        data = await strict_body(request, ClaimBody)
         caller = caller_of(request)
         binding = Binding(caller.principal, data.tool, data.tool_version, claim_digest(data))
         nonce = data.client_nonce
@@ -66,6 +76,7 @@ class ExecutorController(Controller):
     async def submit(self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[SubmitBody]) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
         check_operation_id(operation_id)
+        data = await strict_body(request, SubmitBody)
         caller = caller_of(request)
 
         def decide(op: Operation) -> Decision:
@@ -80,6 +91,7 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
         check_operation_id(operation_id)
+        data = await strict_body(request, HeartbeatBody)
         caller = caller_of(request)
 
         def decide(op: Operation) -> Decision:
@@ -94,16 +106,27 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Record committed, not_applied or unknown (a late report from unknown too)."""
         check_operation_id(operation_id)
+        data = await strict_body(request, CompleteBody)
         caller = caller_of(request)
+        incident = outcome_incident(caller, operation_id, data)
         report = Report(
-            data.outcome, receipt_content(data.receipt, data.outcome), reason_content(data.reason, data.outcome)
+            data.outcome,
+            receipt_content(data.receipt, data.outcome),
+            reason_content(data.reason, data.outcome),
+            incident=None if incident is None else incident.incident_id,
         )
 
         def decide(op: Operation) -> Decision:
             return decide_complete(op, caller.principal, data.token, report)
 
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "complete")
-        return view_response(op)
+        if incident is None:
+            op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "complete")
+            return view_response(op)
+        # The diagnostics commit with the transition; the answer names the incident that holds them.
+        op, reference = await diagnostics_repo.complete_with_incident(
+            ledger_of(request), caller.tenant, operation_id, decide, incident
+        )
+        return view_response(op) if reference is None else view_response(op, incident=reference)
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: FromPath[str]) -> Response[Any]:

@@ -68,7 +68,8 @@ def _field_problem(message: str, key: str) -> tuple[str, str]:
     """Turn a msgspec message into (field, problem) text built from controlled pieces only."""
     named = _FIELD_IN_MESSAGE.search(message)
     if message.startswith("Object contains unknown field") and named:
-        return named.group(1), "unknown field"
+        field = named.group(1) if key in ("data", "") else f"{key}.{named.group(1)}"
+        return field, "unknown field"
     if message.startswith("Object missing required field") and named:
         field = named.group(1) if key in ("data", "") else f"{key}.{named.group(1)}"
         return field, "required"

@@ -1,0 +1,194 @@
+"""Protected diagnostics in the database: write through the runtime role, read (audited) through the reader.
+
+The runtime role may INSERT incidents and never SELECT them, so an incident's id is made here, in
+Python, and no statement on incidents uses RETURNING. Reads run through the reader role in one
+transaction with their access-log row: if the row cannot be written, nothing is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import asyncpg
+import structlog
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.ledger import Ledger, transition
+from effect_ledger.db.pools import tenant_tx
+from effect_ledger.domain.diagnostics import Incident, incident_view, new_access_id
+from effect_ledger.domain.errors import DatabaseUnavailable, not_found, validation_failed
+from effect_ledger.domain.model import UNKNOWN, Operation
+from effect_ledger.domain.transitions import Decision
+from effect_ledger.settings import Settings
+
+log = structlog.get_logger("effect_ledger.diagnostics")
+
+SPOOL_CAPACITY = 1000  # incidents held in memory while the database is down, per process
+PURGE_BATCH = 5000  # rows per purge transaction: short locks, bounded WAL per commit
+
+
+async def insert_incident(conn: asyncpg.Connection, incident: Incident) -> None:
+    """Insert one incident on a connection whose transaction is bound to the incident's tenant."""
+    i = incident
+    await conn.execute(
+        sql("insert_incident"), i.tenant, i.incident_id, i.source, i.principal, i.operation_id, i.attempt,
+        i.phase, i.cause, i.http_status, i.provider, i.provider_request_id, i.retryable_hint, i.elapsed_ms,
+        i.detail_code, i.headers, i.route, i.method, i.exception_type, i.created_at,
+    )
+
+
+async def store_incident(ledger: Ledger, incident: Incident, phase: str = "diagnostics") -> None:
+    """Store an incident in its own tenant transaction through the runtime pool."""
+    async with tenant_tx(ledger.pool, incident.tenant, ledger.acquire_timeout, phase) as (conn, _):
+        await insert_incident(conn, incident)
+
+
+async def read_incident(
+    reader: asyncpg.Pool | None, acquire_timeout: float, tenant: str, principal: str, incident_id: str,
+    purpose: str,
+) -> dict[str, Any]:
+    """Read one incident and append its access-log row in the same transaction (reader role)."""
+    if reader is None:
+        raise DatabaseUnavailable("diagnostics_read", "ReaderPoolClosed")
+    async with tenant_tx(reader, tenant, acquire_timeout, "diagnostics_read") as (conn, db_now):
+        row = await conn.fetchrow(sql("read_incident"), tenant, incident_id)
+        if row is None:
+            # Another tenant's incident is invisible under RLS: the same answer as a missing one.
+            raise not_found("incident")
+        await conn.execute(
+            sql("append_access_log"), tenant, new_access_id(), db_now, incident_id, principal, purpose
+        )
+    return incident_view(row)
+
+
+async def complete_with_incident(
+    ledger: Ledger,
+    tenant: str,
+    operation_id: str,
+    decide: Callable[[Operation], Decision],
+    incident: Incident,
+) -> tuple[Operation, str | None]:
+    """A complete(unknown) transition that stores its diagnostics in the same transaction.
+
+    The incident is stored when the decided change records the report (its event carries the
+    reference); a repeat that changes nothing answers with the reference stored the first time.
+    """
+    reference: str | None = None
+
+    async def store(conn: asyncpg.Connection, op: Operation, decision: Decision) -> None:
+        nonlocal reference
+        if incident.attempt is not None and incident.attempt != op.attempt:
+            raise validation_failed([("diagnostics.attempt", "is not the operation's current attempt")])
+        if any(event.data.get("incident") == incident.incident_id for event in decision.change.events):
+            await insert_incident(conn, replace(incident, attempt=op.attempt))
+            reference = incident.incident_id
+        elif op.effective_status == UNKNOWN:
+            reference = await conn.fetchval(
+                sql("outcome_incident_reference"), tenant, operation_id, op.attempt
+            )
+
+    op = await transition(ledger, tenant, operation_id, decide, "complete", extra_writes=store)
+    return op, reference
+
+
+class IncidentRecorder:
+    """Stores error incidents; while the database is down it keeps them in a bounded spool and retries.
+
+    A 503 answer names an incident that the database could not take at that moment; the spool lets
+    the reference resolve once the database is back (unless this process ends first: the log line
+    written when the incident was spooled is then the only record).
+    """
+
+    def __init__(self, ledger: Ledger, capacity: int = SPOOL_CAPACITY) -> None:
+        self.ledger = ledger
+        self.spool: deque[Incident] = deque()
+        self.capacity = capacity
+        self._flushing = asyncio.Lock()
+
+    async def record(self, incident: Incident) -> bool:
+        """Store the incident now, or spool it; True when it reached the database."""
+        if not self.spool:
+            try:
+                await store_incident(self.ledger, incident, "incident")
+                return True
+            except Exception as exc:  # whatever failed, the reference in the answer must survive
+                failure = exc.exception_type if isinstance(exc, DatabaseUnavailable) else type(exc).__name__
+                self._spool(incident, failure)
+                return False
+        # Already spooling: the database was down a moment ago; keep order and don't pile on.
+        self._spool(incident, "spool_not_empty")
+        return False
+
+    def _spool(self, incident: Incident, failure: str) -> None:
+        if len(self.spool) >= self.capacity:
+            dropped = self.spool.popleft()
+            log.error("incident_spool_overflow", dropped_incident=dropped.incident_id, capacity=self.capacity)
+        self.spool.append(incident)
+        log.warning(
+            "incident_spooled", incident=incident.incident_id, failure=failure, spooled=len(self.spool)
+        )
+
+    async def flush(self) -> int:
+        """Write spooled incidents in order until the spool is empty or the database fails again."""
+        written = 0
+        async with self._flushing:
+            while self.spool:
+                incident = self.spool[0]
+                try:
+                    await store_incident(self.ledger, incident, "incident")
+                except DatabaseUnavailable:
+                    break
+                except asyncpg.UniqueViolationError:
+                    pass  # an earlier try committed but its answer was lost: it is stored
+                except Exception as exc:  # one bad row must not block the rest forever
+                    log.error("incident_dropped", incident=incident.incident_id, failure=type(exc).__name__)
+                else:
+                    written += 1
+                self.spool.popleft()
+        if written:
+            log.info("incident_spool_flushed", written=written, remaining=len(self.spool))
+        return written
+
+    async def run(self, interval: float) -> None:
+        """Flush the spool every `interval` seconds while it holds anything (until cancelled)."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.spool:
+                await self.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosticsPurge:
+    """How many rows a purge removed."""
+
+    incidents: int
+    access_log: int
+
+
+async def _purge_batches(conn: asyncpg.Connection, query: str, cutoff: Any) -> int:
+    total = 0
+    while True:
+        async with conn.transaction():
+            # Owner, every tenant (policy `maintenance`); set per transaction so it never outlives it.
+            await conn.execute(sql("maintenance_scope"), "on")
+            status = await conn.execute(sql(query), cutoff, PURGE_BATCH)
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < PURGE_BATCH:
+            return total
+
+
+async def purge_diagnostics(conn: asyncpg.Connection, settings: Settings) -> DiagnosticsPurge:
+    """Delete incidents older than diagnostics_retention_days and access-log rows older than
+    access_log_retention_days, in batches, on an owner connection (not in a transaction)."""
+    cutoffs = await conn.fetchrow(
+        sql("purge_cutoffs"), settings.diagnostics_retention_days, settings.access_log_retention_days
+    )
+    incidents = await _purge_batches(conn, "purge_incidents_batch", cutoffs["incidents_before"])
+    access_log = await _purge_batches(conn, "purge_access_log_batch", cutoffs["access_log_before"])
+    log.info("diagnostics_purged", incidents=incidents, access_log=access_log)
+    return DiagnosticsPurge(incidents, access_log)

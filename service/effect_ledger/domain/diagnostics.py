@@ -1,0 +1,130 @@
+"""Protected diagnostics (API.md section 9): the incident record, its allow-list and its screening."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from effect_ledger.domain.errors import LedgerError, validation_failed
+from effect_ledger.domain.screening import find_credentials
+from effect_ledger.domain.timefmt import format_ts
+
+Phase = Literal[
+    "connect", "request", "first_byte", "stream", "tool_execution", "policy", "approval", "reconcile"
+]
+Cause = Literal[
+    "timeout", "rate_limited", "auth", "invalid_request", "upstream", "aborted", "protocol", "unknown"
+]
+Source = Literal["report", "error", "outcome"]
+
+# The fields a caller may report, in contract order; nothing else ever reaches the table.
+REPORT_FIELDS: Final = (
+    "operation_id", "attempt", "phase", "cause", "http_status", "provider", "provider_request_id",
+    "retryable_hint", "elapsed_ms", "detail_code", "headers",
+)
+# Header names worth keeping for diagnosis: none of them ever carries a credential by design.
+ALLOWED_HEADERS: Final = frozenset({"retry-after", "request-id", "x-request-id"})
+ALLOWED_HEADER_PREFIX: Final = "x-ratelimit-"
+HEADER_PROBLEM: Final = "name is not one of retry-after, request-id, x-request-id, x-ratelimit-*"
+INCIDENT_ID = re.compile(r"^inc_[A-Za-z0-9_-]{16,64}$")
+PURPOSE_MIN, PURPOSE_MAX = 3, 200
+
+
+def new_incident_id() -> str:
+    """An unguessable incident reference (144 random bits)."""
+    return "inc_" + secrets.token_urlsafe(18)
+
+
+def new_access_id() -> str:
+    """An access-log row's id."""
+    return "acc_" + secrets.token_urlsafe(12)
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One row of diagnostics.incidents: reported fields, or the controlled facts of a failure."""
+
+    tenant: str
+    incident_id: str
+    source: Source
+    principal: str | None = None
+    operation_id: str | None = None
+    attempt: int | None = None
+    phase: str | None = None
+    cause: str | None = None
+    http_status: int | None = None
+    provider: str | None = None
+    provider_request_id: str | None = None
+    retryable_hint: bool | None = None
+    elapsed_ms: int | None = None
+    detail_code: str | None = None
+    headers: dict[str, str] | None = None
+    route: str | None = None
+    method: str | None = None
+    exception_type: str | None = None
+    created_at: datetime | None = None  # None: the database clock at insert
+
+
+INCIDENT_COLUMNS: Final = tuple(f.name for f in fields(Incident))
+
+
+def allowed_header(name: str) -> bool:
+    """Whether a header name is on the diagnostics allow-list (case-insensitive)."""
+    lowered = name.lower()
+    return lowered in ALLOWED_HEADERS or (
+        lowered.startswith(ALLOWED_HEADER_PREFIX) and len(lowered) > len(ALLOWED_HEADER_PREFIX)
+    )
+
+
+def normalise_headers(headers: Mapping[str, str] | None, field: str = "headers") -> dict[str, str] | None:
+    """Lower-cased allowed headers; any other name is refused (by position: a name may itself be a secret)."""
+    if headers is None:
+        return None
+    errors: list[tuple[str, str]] = []
+    normalised: dict[str, str] = {}
+    for position, (name, value) in enumerate(headers.items()):
+        if not allowed_header(name):
+            errors.append((f"{field}[{position}]", HEADER_PROBLEM))
+        elif name.lower() in normalised:
+            errors.append((f"{field}[{position}]", "repeats a header name (names are case-insensitive)"))
+        else:
+            normalised[name.lower()] = value
+    if errors:
+        raise validation_failed(errors)
+    return normalised
+
+
+def screen(values: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuse (422 sensitive_value_rejected) any value or key shaped like a credential; store nothing."""
+    found = find_credentials(dict(values))
+    if found:
+        named = [prefix + path.removeprefix("$").removeprefix(".") for path in found]
+        raise LedgerError(
+            "sensitive_value_rejected",
+            "A diagnostics value looks like a credential; nothing was stored.",
+            {"errors": [{"field": name, "problem": "looks like a credential"} for name in named]},
+        )
+
+
+def check_purpose(purpose: str | None) -> str:
+    """A read's stated purpose: required, 3-200 characters once surrounding space is trimmed."""
+    if purpose is None:
+        raise validation_failed([("purpose", "required")])
+    trimmed = purpose.strip()
+    if not PURPOSE_MIN <= len(trimmed) <= PURPOSE_MAX:
+        raise validation_failed([("purpose", f"must be {PURPOSE_MIN}-{PURPOSE_MAX} characters")])
+    screen({"purpose": trimmed})
+    return trimmed
+
+
+def incident_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An incident as a reader sees it: every stored field, the reference named `incident`."""
+    view: dict[str, Any] = {"incident": row["incident_id"], "created_at": format_ts(row["created_at"])}
+    for name in INCIDENT_COLUMNS:
+        if name not in ("tenant", "incident_id", "created_at"):
+            view[name] = row[name]
+    return view
