@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
 
 OPERATIONS = scale(48, 400)  # at least; executors keep taking new ones while the killer is at work
 EXECUTORS = 6
-KILLS = scale(5, 40)
+KILLS = scale(9, 45)  # a multiple of three: each target kind is cut as often
 LEASE_SECONDS = 2
 TARGETS = ("claim", "submit", "complete")
 
@@ -40,7 +40,7 @@ async def _kill_mid_request(service: ServiceProcess, history: History, rng: rand
     kills: Counter[str] = Counter()
     while sum(kills.values()) < KILLS and not done.is_set():
         await asyncio.sleep(rng.uniform(0.5, 1.2))
-        target = rng.choice(TARGETS)
+        target = TARGETS[sum(kills.values()) % len(TARGETS)]
         for _ in range(400):  # up to ~2 s for such a call to be in flight
             if done.is_set() or any(c.kind == target and c.outcome == "invoked" for c in history.calls[-64:]):
                 break
