@@ -116,8 +116,12 @@ class Service:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings, jwt_secret=TEST_SECRET), host="127.0.0.1", port=self.port,
-            log_level="warning", lifespan="on", access_log=False,
+            create_app(settings, jwt_secret=TEST_SECRET),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
         )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None

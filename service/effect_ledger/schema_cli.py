@@ -19,7 +19,7 @@ def openapi_document() -> dict[str, Any]:
     """The OpenAPI document of the app as served at /schema/openapi.json."""
     from effect_ledger.http.app import create_app
 
-    app = create_app(Settings(database_url="postgresql://unused/unused"), jwt_secret="unused")
+    app = create_app(Settings(database_url="postgresql://unused/unused"), jwt_secret="unused")  # noqa: S106 - never verifies a token
     document = app.openapi_schema.to_schema()
     assert isinstance(document, dict)
     return document
@@ -49,8 +49,11 @@ def render_ledger_sql_embedded() -> str:
 def schema_command(args: argparse.Namespace, settings: Settings) -> int:
     """Write schema/ledger.sql and schema/openapi.json (with --check: exit 1 if they are stale)."""
     wanted = {"ledger.sql": render_ledger_sql_embedded(), "openapi.json": render_openapi()}
-    stale = [name for name, text in wanted.items()
-             if not (SCHEMA_DIR / name).exists() or (SCHEMA_DIR / name).read_text() != text]
+    stale = [
+        name
+        for name, text in wanted.items()
+        if not (SCHEMA_DIR / name).exists() or (SCHEMA_DIR / name).read_text() != text
+    ]
     if getattr(args, "check", False):
         for name in stale:
             print(f"schema/{name} is stale; run `effect-ledger schema`")

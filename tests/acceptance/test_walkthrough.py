@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,14 +13,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from conftest import free_port
 
 CLI = [sys.executable, "-m", "effect_ledger.cli"]
 
 
 def start(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([*CLI, "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -46,8 +49,13 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 def mint(env: dict[str, str], scope: str) -> str:
-    out = subprocess.run([*CLI, "token", "--tenant", "acme", "--sub", "exec-1", "--scope", scope],
-                         env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [*CLI, "token", "--tenant", "acme", "--sub", "exec-1", "--scope", scope],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip()
 
 
@@ -72,8 +80,9 @@ def walk(port: int, token: str, op: str) -> dict[str, object]:
         submitted = http.post(f"/v1/operations/{op}/submit", json={"token": tok, "effect_ref": "req-19"})
         assert submitted.status_code == 200 and submitted.json()["status"] == "submitted"
         receipt = {"external_ref": "m-7", "result": {"value": 21.5}}
-        done = http.post(f"/v1/operations/{op}/complete",
-                         json={"token": tok, "outcome": "committed", "receipt": receipt})
+        done = http.post(
+            f"/v1/operations/{op}/complete", json={"token": tok, "outcome": "committed", "receipt": receipt}
+        )
         assert done.status_code == 200 and done.json()["status"] == "committed"
         again = http.post(f"/v1/operations/{op}/claim", json=body)
         assert again.status_code == 200 and again.json()["action"] == "reuse_receipt"
@@ -82,9 +91,14 @@ def walk(port: int, token: str, op: str) -> dict[str, object]:
         return again.json()["operation"]  # type: ignore[no-any-return]
 
 
-def test_serve_with_configured_secret_walkthrough_and_restart(base_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**base_env, "EFFECT_LEDGER_JWT_SECRET": "walkthrough-secret-0123456789abcdef-0123456789abcdef",
-           "EFFECT_LEDGER_JWT_ALGORITHM": "HS256"}
+def test_serve_with_configured_secret_walkthrough_and_restart(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {
+        **base_env,
+        "EFFECT_LEDGER_JWT_SECRET": "walkthrough-secret-0123456789abcdef-0123456789abcdef",
+        "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
+    }
     port = free_port()
     proc = start(env, port)
     try:
@@ -103,7 +117,9 @@ def test_serve_with_configured_secret_walkthrough_and_restart(base_env: dict[str
         assert stop(proc) == 0
 
 
-def test_serve_without_jwt_settings_creates_a_development_secret(base_env: dict[str, str], tmp_path: Path) -> None:
+def test_serve_without_jwt_settings_creates_a_development_secret(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
     port = free_port()
     proc = start(base_env, port)
     try:
@@ -113,26 +129,33 @@ def test_serve_without_jwt_settings_creates_a_development_secret(base_env: dict[
         assert stop(proc) == 0
 
 
-async def test_migrate_then_serve_against_an_existing_server(base_env: dict[str, str], pg_admin_url: str) -> None:
+async def test_migrate_then_serve_against_an_existing_server(
+    base_env: dict[str, str], pg_admin_url: str
+) -> None:
     """The second documented start: a superuser URL of a fresh, empty database, `migrate`, then `serve`."""
     import asyncpg
+
     from conftest import with_database
 
     admin = await asyncpg.connect(pg_admin_url)
     await admin.execute('DROP DATABASE IF EXISTS "el_external"')
     await admin.execute('CREATE DATABASE "el_external"')
     try:
-        env = {**base_env, "EFFECT_LEDGER_DATABASE_URL": with_database(pg_admin_url, "el_external"),
-               "EFFECT_LEDGER_JWT_SECRET": "external-secret-0123456789abcdef-0123456789abcdef",
-               "EFFECT_LEDGER_JWT_ALGORITHM": "HS256"}
-        subprocess.run([*CLI, "migrate"], env=env, check=True, capture_output=True)
+        env = {
+            **base_env,
+            "EFFECT_LEDGER_DATABASE_URL": with_database(pg_admin_url, "el_external"),
+            "EFFECT_LEDGER_JWT_SECRET": "external-secret-0123456789abcdef-0123456789abcdef",
+            "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
+        }
+        await asyncio.to_thread(subprocess.run, [*CLI, "migrate"], env=env, check=True, capture_output=True)
         port = free_port()
         proc = start(env, port)
         try:
             walk(port, mint(env, "ledger:execute"), "op-external")
             sessions = await admin.fetch(
                 "SELECT DISTINCT usename FROM pg_stat_activity"
-                " WHERE datname = 'el_external' AND application_name = 'effect-ledger'")
+                " WHERE datname = 'el_external' AND application_name = 'effect-ledger'"
+            )
             assert {r["usename"] for r in sessions} <= {"effect_ledger_runtime", "effect_ledger_diag_reader"}
             assert "effect_ledger_runtime" in {r["usename"] for r in sessions}
         finally:

@@ -7,18 +7,22 @@ from typing import Any
 
 import asyncpg
 import httpx
-from conftest import auth
 
+from conftest import auth
 from effect_ledger.domain.canonical import intent_digest
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1", "n": 3}, "lease_seconds": 30}
 
 
-async def claim(client: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None, **who: str) -> httpx.Response:
+async def claim(
+    client: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None, **who: str
+) -> httpx.Response:
     return await client.post(f"/v1/operations/{op}/claim", json=body or CLAIM, headers=auth(**who))
 
 
-async def post(client: httpx.AsyncClient, op: str, call: str, body: dict[str, Any], **who: str) -> httpx.Response:
+async def post(
+    client: httpx.AsyncClient, op: str, call: str, body: dict[str, Any], **who: str
+) -> httpx.Response:
     return await client.post(f"/v1/operations/{op}/{call}", json=body, headers=auth(**who))
 
 
@@ -28,7 +32,10 @@ async def expire_lease(db_url: str, op: str, tenant: str = "t1") -> None:
     try:
         await conn.execute(
             "UPDATE ledger.operations SET lease_expires_at = now() - interval '1 second'"
-            " WHERE tenant_id = $1 AND operation_id = $2", tenant, op)
+            " WHERE tenant_id = $1 AND operation_id = $2",
+            tenant,
+            op,
+        )
     finally:
         await conn.close()
 
@@ -55,9 +62,24 @@ async def test_new_id_is_granted_with_location_and_token(client: httpx.AsyncClie
     assert op["lease_expires_at"] == body["claim"]["lease_expires_at"]
     assert op["lease_expired"] is False and op["receipt"] is None
     assert set(op) == {
-        "operation_id", "principal", "tool", "tool_version", "intent_digest", "status", "attempt",
-        "lease_expires_at", "lease_expired", "effect_ref", "receipt", "not_applied_reason", "created_at",
-        "updated_at", "submitted_at", "resolved_at", "resolved_by"}
+        "operation_id",
+        "principal",
+        "tool",
+        "tool_version",
+        "intent_digest",
+        "status",
+        "attempt",
+        "lease_expires_at",
+        "lease_expired",
+        "effect_ref",
+        "receipt",
+        "not_applied_reason",
+        "created_at",
+        "updated_at",
+        "submitted_at",
+        "resolved_at",
+        "resolved_by",
+    }
 
 
 async def test_binding_mismatch_is_422_before_anything_else(client: httpx.AsyncClient) -> None:
@@ -93,7 +115,9 @@ async def test_client_nonce_replays_a_lost_claim_answer(client: httpx.AsyncClien
     assert await event_count(db_url) == 1
 
 
-async def test_submitted_with_expired_lease_is_outcome_unknown(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_submitted_with_expired_lease_is_outcome_unknown(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     tok = (await claim(client, "op-u")).json()["claim"]["token"]
     assert (await post(client, "op-u", "submit", {"token": tok, "effect_ref": "r-1"})).status_code == 200
     await expire_lease(db_url, "op-u")
@@ -148,8 +172,13 @@ async def test_committed_hands_back_the_receipt(client: httpx.AsyncClient, db_ur
     assert r.status_code == 200
     assert r.json()["action"] == "reuse_receipt"
     got = r.json()["operation"]["receipt"]
-    assert got == {**receipt, "result_digest": None, "observed_at": "2026-11-30T10:00:00.000Z",
-                   "recorded_by": "exec-1", "recorded_at": got["recorded_at"]}
+    assert got == {
+        **receipt,
+        "result_digest": None,
+        "observed_at": "2026-11-30T10:00:00.000Z",
+        "recorded_by": "exec-1",
+        "recorded_at": got["recorded_at"],
+    }
     assert r.json()["operation"]["resolved_by"] == "exec-1"
     before = await event_count(db_url)
     again = await post(client, "op-c", "complete", {"token": tok, "outcome": "committed", "receipt": receipt})

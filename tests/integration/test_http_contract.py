@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from conftest import TEST_SECRET, auth
 
+from conftest import TEST_SECRET, auth
 from effect_ledger.http.auth import ALL_SCOPES
 
 CLAIM = {"tool": "measure", "tool_version": "1", "intent": {"x": 1}}
@@ -18,8 +18,15 @@ PROBLEM_MEMBERS = {"type", "title", "status", "code", "detail"}
 
 def claims(**overrides: Any) -> dict[str, Any]:
     now = int(time.time())
-    base = {"sub": "exec-1", "tenant": "t1", "scope": " ".join(ALL_SCOPES), "iat": now, "exp": now + 300,
-            "aud": "effect-ledger", "iss": "effect-ledger"}
+    base = {
+        "sub": "exec-1",
+        "tenant": "t1",
+        "scope": " ".join(ALL_SCOPES),
+        "iat": now,
+        "exp": now + 300,
+        "aud": "effect-ledger",
+        "iss": "effect-ledger",
+    }
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not None}
 
@@ -49,7 +56,9 @@ def _rsa_token() -> str:
 
 BAD_TOKENS = {
     "alg_none": lambda: jwt.encode(claims(), None, algorithm="none"),  # type: ignore[arg-type]
-    "wrong_secret": lambda: jwt.encode(claims(), "another-secret-of-sufficient-length-123456", algorithm="HS256"),
+    "wrong_secret": lambda: jwt.encode(
+        claims(), "another-secret-of-sufficient-length-123456", algorithm="HS256"
+    ),
     "expired": lambda: jwt.encode(claims(exp=int(time.time()) - 5), TEST_SECRET, algorithm="HS256"),
     "wrong_audience": lambda: jwt.encode(claims(aud="someone-else"), TEST_SECRET, algorithm="HS256"),
     "wrong_issuer": lambda: jwt.encode(claims(iss="someone-else"), TEST_SECRET, algorithm="HS256"),
@@ -113,27 +122,42 @@ async def test_unknown_route_and_wrong_method_are_problems(client: httpx.AsyncCl
         (b'{"tool": 5, "tool_version": "1", "intent": 1}', 422, "validation_failed"),
         (b'{"tool_version": "1", "intent": 1}', 422, "validation_failed"),
         (b'{"tool": "t", "tool_version": "1"}', 422, "validation_failed"),
-        (b'{"tool": "t", "tool_version": "1", "intent": 1, "intent_digest": "sha256:' + b"a" * 64 + b'"}',
-         422, "validation_failed"),
+        (
+            b'{"tool": "t", "tool_version": "1", "intent": 1, "intent_digest": "sha256:' + b"a" * 64 + b'"}',
+            422,
+            "validation_failed",
+        ),
         (b'{"tool": "t", "tool_version": "1", "intent_digest": "md5:abc"}', 422, "validation_failed"),
         (b'{"tool": "t", "tool_version": "1", "intent": 1, "lease_seconds": 0}', 422, "validation_failed"),
         (b'{"tool": "t", "tool_version": "1", "intent": 1, "lease_seconds": 3601}', 422, "validation_failed"),
         (b'{"tool": "t", "tool_version": "1", "intent": 1, "lease_seconds": true}', 422, "validation_failed"),
-        (b'{"tool": "t", "tool_version": "1", "intent": 1, "client_nonce": "short"}', 422, "validation_failed"),
-        (b'{"tool": "t", "tool_version": "1", "intent": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-         422, "validation_failed"),
+        (
+            b'{"tool": "t", "tool_version": "1", "intent": 1, "client_nonce": "short"}',
+            422,
+            "validation_failed",
+        ),
+        (
+            b'{"tool": "t", "tool_version": "1", "intent": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+            422,
+            "validation_failed",
+        ),
     ],
 )
-async def test_bad_bodies(client: httpx.AsyncClient, content: bytes, status: int, code: str, db_url: str) -> None:
-    r = await client.post("/v1/operations/op-bad/claim", content=content,
-                          headers={**auth(), "content-type": "application/json"})
+async def test_bad_bodies(
+    client: httpx.AsyncClient, content: bytes, status: int, code: str, db_url: str
+) -> None:
+    r = await client.post(
+        "/v1/operations/op-bad/claim", content=content, headers={**auth(), "content-type": "application/json"}
+    )
     assert_problem(r, status, code)
     assert (await client.get("/v1/operations/op-bad", headers=auth())).status_code == 404
 
 
 async def test_validation_errors_name_the_field(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/operations/op/claim", json={**CLAIM, "surprise": 1}, headers=auth())
-    assert assert_problem(r, 422, "validation_failed")["errors"] == [{"field": "surprise", "problem": "unknown field"}]
+    assert assert_problem(r, 422, "validation_failed")["errors"] == [
+        {"field": "surprise", "problem": "unknown field"}
+    ]
     r = await client.post("/v1/operations/op/claim", json={**CLAIM, "lease_seconds": "30"}, headers=auth())
     errors = r.json()["errors"]
     assert [e["field"] for e in errors] == ["lease_seconds"]
@@ -148,13 +172,16 @@ async def test_invalid_operation_id_is_422(client: httpx.AsyncClient) -> None:
 
 async def test_body_over_256_kib_is_413_before_parsing(client: httpx.AsyncClient) -> None:
     body = b'{"tool": "t", "tool_version": "1", "intent": "' + b"x" * (300 * 1024) + b'"}'
-    r = await client.post("/v1/operations/op/claim", content=body,
-                          headers={**auth(), "content-type": "application/json"})
+    r = await client.post(
+        "/v1/operations/op/claim", content=body, headers={**auth(), "content-type": "application/json"}
+    )
     assert_problem(r, 413, "payload_too_large")
 
 
 async def test_intent_over_64_kib_is_422(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/operations/op/claim", json={**CLAIM, "intent": "x" * (65 * 1024)}, headers=auth())
+    r = await client.post(
+        "/v1/operations/op/claim", json={**CLAIM, "intent": "x" * (65 * 1024)}, headers=auth()
+    )
     assert assert_problem(r, 422, "validation_failed")["errors"][0]["field"] == "intent"
 
 

@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from conftest import runtime_connection, with_database
 
+from conftest import runtime_connection, with_database
 from effect_ledger.db.schema_dump import dump_schema, render_ledger_sql
 
 LEDGER_SQL = Path(__file__).resolve().parents[2] / "schema" / "ledger.sql"
@@ -36,7 +36,9 @@ async def test_ledger_sql_is_regenerated_from_the_migrations(db_url: str) -> Non
     major = int(await conn.fetchval("SHOW server_version_num")) // 10000
     await conn.close()
     if major != 18:
-        pytest.skip("schema/ledger.sql is generated on the embedded PostgreSQL 18; the dump-equality test covers others")
+        pytest.skip(
+            "schema/ledger.sql is generated on the embedded PostgreSQL 18; the dump-equality test covers others"
+        )
     assert render_ledger_sql(db_url) == LEDGER_SQL.read_text(), "run `effect-ledger schema`"
 
 
@@ -45,12 +47,14 @@ async def test_runtime_role_is_neither_owner_superuser_nor_rls_bypasser(db_url: 
     try:
         role = await conn.fetchrow(
             "SELECT rolsuper, rolbypassrls, rolcreaterole, rolcreatedb FROM pg_roles"
-            " WHERE rolname = 'effect_ledger_runtime'")
+            " WHERE rolname = 'effect_ledger_runtime'"
+        )
         assert tuple(role) == (False, False, False, False)
         owners = await conn.fetch(
             "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner, c.relrowsecurity, c.relforcerowsecurity"
             " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname IN ('ledger', 'diagnostics') AND c.relkind = 'r' ORDER BY 1")
+            " WHERE n.nspname IN ('ledger', 'diagnostics') AND c.relkind = 'r' ORDER BY 1"
+        )
         assert [r["relname"] for r in owners] == ["access_log", "events", "incidents", "operations"]
         for r in owners:
             assert r["owner"] != "effect_ledger_runtime"
@@ -67,7 +71,8 @@ async def test_runtime_role_without_tenant_sees_zero_rows(db_url: str) -> None:
             "INSERT INTO ledger.operations (tenant_id, operation_id, principal, tool, tool_version, intent_digest,"
             " status, attempt, claim_token_hash, lease_seconds, created_at, updated_at)"
             " SELECT 't' || (g % 3), 'op-' || g, 'p', 'tool', '1', 'sha256:' || repeat('a', 64), 'pending', 1,"
-            " '\\x00', 30, now(), now() FROM generate_series(1, 30) g")
+            " '\\x00', 30, now(), now() FROM generate_series(1, 30) g"
+        )
     finally:
         await owner.close()
     runtime = await runtime_connection(db_url)
@@ -76,7 +81,9 @@ async def test_runtime_role_without_tenant_sees_zero_rows(db_url: str) -> None:
         async with runtime.transaction():
             await runtime.execute("SELECT set_config('effect_ledger.tenant', 't1', true)")
             assert await runtime.fetchval("SELECT count(*) FROM ledger.operations") == 10
-            assert await runtime.fetchval("SELECT count(*) FROM ledger.operations WHERE tenant_id = 't2'") == 0
+            assert (
+                await runtime.fetchval("SELECT count(*) FROM ledger.operations WHERE tenant_id = 't2'") == 0
+            )
         # the setting was transaction-local: gone again
         assert await runtime.fetchval("SELECT count(*) FROM ledger.operations") == 0
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -97,6 +104,7 @@ async def test_runtime_role_cannot_write_into_another_tenant(db_url: str) -> Non
                     "INSERT INTO ledger.operations (tenant_id, operation_id, principal, tool, tool_version,"
                     " intent_digest, status, attempt, claim_token_hash, lease_seconds, created_at, updated_at)"
                     " VALUES ('t2', 'x', 'p', 't', '1', 'sha256:' || repeat('a', 64), 'pending', 1, '\\x00', 30,"
-                    " now(), now())")
+                    " now(), now())"
+                )
     finally:
         await runtime.close()

@@ -7,8 +7,9 @@ from typing import Any
 
 import asyncpg
 import httpx
-from conftest import auth
 from test_claim_table import claim, event_count, expire_lease, post
+
+from conftest import auth
 
 RECEIPT = {"external_ref": "ext-1", "result_digest": "sha256:" + "0f" * 32}
 REASON = {"category": "rejected", "detail_code": "insufficient_funds"}
@@ -23,12 +24,16 @@ async def granted(client: httpx.AsyncClient, op: str, **body: Any) -> str:
 async def lease_of(db_url: str, op: str) -> Any:
     conn = await asyncpg.connect(db_url)
     try:
-        return await conn.fetchval("SELECT lease_expires_at FROM ledger.operations WHERE operation_id = $1", op)
+        return await conn.fetchval(
+            "SELECT lease_expires_at FROM ledger.operations WHERE operation_id = $1", op
+        )
     finally:
         await conn.close()
 
 
-async def test_every_repeat_is_answered_the_same_and_changes_nothing(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_every_repeat_is_answered_the_same_and_changes_nothing(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     tok = await granted(client, "op-rep")
     s1 = await post(client, "op-rep", "submit", {"token": tok, "effect_ref": "r-1"})
     count = await event_count(db_url)
@@ -38,7 +43,9 @@ async def test_every_repeat_is_answered_the_same_and_changes_nothing(client: htt
     c1 = await post(client, "op-rep", "complete", {"token": tok, "outcome": "committed", "receipt": RECEIPT})
     count = await event_count(db_url)
     for _ in range(3):
-        c2 = await post(client, "op-rep", "complete", {"token": tok, "outcome": "committed", "receipt": RECEIPT})
+        c2 = await post(
+            client, "op-rep", "complete", {"token": tok, "outcome": "committed", "receipt": RECEIPT}
+        )
         assert c2.status_code == 200 and c2.json() == c1.json()
     assert await event_count(db_url) == count
 
@@ -50,7 +57,9 @@ async def test_submit_with_another_effect_ref_is_refused(client: httpx.AsyncClie
     assert r.status_code == 409 and r.json()["code"] == "invalid_transition"
 
 
-async def test_a_different_second_report_is_conflicting_and_recorded(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_a_different_second_report_is_conflicting_and_recorded(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     tok = await granted(client, "op-conf")
     await post(client, "op-conf", "submit", {"token": tok})
     await post(client, "op-conf", "complete", {"token": tok, "outcome": "committed", "receipt": RECEIPT})
@@ -83,19 +92,27 @@ async def test_outcome_rules(client: httpx.AsyncClient) -> None:
     assert r.json()["lease_expires_at"] is None and r.json()["resolved_by"] == "exec-1"
 
 
-async def test_late_report_from_unknown_by_the_current_claimant(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_late_report_from_unknown_by_the_current_claimant(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     tok = await granted(client, "op-late")
     await post(client, "op-late", "submit", {"token": tok})
     await expire_lease(db_url, "op-late")
     r = await post(client, "op-late", "heartbeat", {"token": tok, "lease_seconds": 30})
-    assert r.status_code == 409 and r.json()["code"] == "outcome_unknown"  # an expired submit cannot be revived
+    assert (
+        r.status_code == 409 and r.json()["code"] == "outcome_unknown"
+    )  # an expired submit cannot be revived
     r = await post(client, "op-late", "complete", {"token": tok, "outcome": "committed", "receipt": RECEIPT})
     assert r.status_code == 200 and r.json()["status"] == "committed"
-    kinds = [e["kind"] for e in (await client.get("/v1/operations/op-late/events", headers=auth())).json()["items"]]
+    kinds = [
+        e["kind"] for e in (await client.get("/v1/operations/op-late/events", headers=auth())).json()["items"]
+    ]
     assert kinds == ["claimed", "submitted", "lease_expired", "completed"]
 
 
-async def test_heartbeat_extends_the_lease_from_the_database_clock(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_heartbeat_extends_the_lease_from_the_database_clock(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     tok = await granted(client, "op-hb", lease_seconds=5)
     before = await lease_of(db_url, "op-hb")
     r = await post(client, "op-hb", "heartbeat", {"token": tok, "lease_seconds": 600})
@@ -134,8 +151,11 @@ async def test_stale_token_is_refused_for_every_transition(client: httpx.AsyncCl
     old = await granted(client, "op-stale")
     await expire_lease(db_url, "op-stale")
     await granted(client, "op-stale")
-    for call, body in (("submit", {}), ("heartbeat", {"lease_seconds": 5}),
-                       ("complete", {"outcome": "not_applied", "reason": REASON})):
+    for call, body in (
+        ("submit", {}),
+        ("heartbeat", {"lease_seconds": 5}),
+        ("complete", {"outcome": "not_applied", "reason": REASON}),
+    ):
         r = await post(client, "op-stale", call, {"token": old, **body})
         assert r.status_code == 409 and r.json()["code"] == "stale_claim", call
     assert (await post(client, "op-stale", "submit", {"token": "clt_forged"})).json()["code"] == "stale_claim"

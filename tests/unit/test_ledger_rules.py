@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from effect_ledger.domain.chain import GENESIS_HASH, event_hash, first_bad_seq
-from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest, decide_claim, first_attempt, next_attempt
+from effect_ledger.domain.claims import (
+    AttemptMaterial,
+    ClaimRequest,
+    decide_claim,
+    first_attempt,
+    next_attempt,
+)
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import decode_token, encode_token, nonce_hash, seal, token_hash, unseal
@@ -46,7 +52,11 @@ def code_of(fn: object, *args: object) -> str:
 
 @pytest.mark.parametrize(
     ("status", "lease", "verdict"),
-    [("committed", None, "reuse_receipt"), ("pending", -1, "new_attempt"), ("not_applied", None, "new_attempt")],
+    [
+        ("committed", None, "reuse_receipt"),
+        ("pending", -1, "new_attempt"),
+        ("not_applied", None, "new_attempt"),
+    ],
 )
 def test_claim_verdicts(status: str, lease: float | None, verdict: str) -> None:
     assert decide_claim(op(status, lease), request()) == verdict
@@ -54,8 +64,13 @@ def test_claim_verdicts(status: str, lease: float | None, verdict: str) -> None:
 
 @pytest.mark.parametrize(
     ("status", "lease", "code"),
-    [("pending", 10, "operation_in_progress"), ("submitted", 10, "operation_in_progress"),
-     ("submitted", -1, "outcome_unknown"), ("submitted", 0, "outcome_unknown"), ("unknown", None, "outcome_unknown")],
+    [
+        ("pending", 10, "operation_in_progress"),
+        ("submitted", 10, "operation_in_progress"),
+        ("submitted", -1, "outcome_unknown"),
+        ("submitted", 0, "outcome_unknown"),
+        ("unknown", None, "outcome_unknown"),
+    ],
 )
 def test_claim_refusals(status: str, lease: float | None, code: str) -> None:
     assert code_of(decide_claim, op(status, lease), request()) == code
@@ -83,13 +98,19 @@ def test_nonce_replay_only_with_the_same_nonce() -> None:
 
 
 def test_next_attempt_resets_outcome_and_increments() -> None:
-    change = next_attempt(op("not_applied", None, not_applied_reason=REASON), request(),
-                          AttemptMaterial(b"\x02" * 32, None))
+    change = next_attempt(
+        op("not_applied", None, not_applied_reason=REASON), request(), AttemptMaterial(b"\x02" * 32, None)
+    )
     assert change.state is not None
-    assert (change.state.attempt, change.state.status, change.state.not_applied_reason) == (2, "pending", None)
+    assert (change.state.attempt, change.state.status, change.state.not_applied_reason) == (
+        2,
+        "pending",
+        None,
+    )
     assert change.state.lease_expires_at == NOW + timedelta(seconds=30)
     assert [(e.kind, e.from_status, e.to_status, e.attempt) for e in change.events] == [
-        ("reclaimed", "not_applied", "pending", 2)]
+        ("reclaimed", "not_applied", "pending", 2)
+    ]
 
 
 def test_submit_heartbeat_and_fencing() -> None:
@@ -98,7 +119,10 @@ def test_submit_heartbeat_and_fencing() -> None:
     assert change.state is not None and change.state.status == "submitted"
     assert decide_submit(change.state, TOKEN, "ref", None).state is None  # repeat: nothing changes
     assert decide_submit(change.state, TOKEN, None, None).state is None
-    assert code_of(decide_submit, op("committed", None, receipt=RECEIPT), TOKEN, None, None) == "invalid_transition"
+    assert (
+        code_of(decide_submit, op("committed", None, receipt=RECEIPT), TOKEN, None, None)
+        == "invalid_transition"
+    )
     assert code_of(decide_heartbeat, op("submitted", -1), TOKEN, 30) == "outcome_unknown"
     beat = decide_heartbeat(op("pending", -1), TOKEN, 60)  # not yet reclaimed: the token is still current
     assert beat.state is not None and beat.state.lease_expires_at == NOW + timedelta(seconds=60)
@@ -111,7 +135,9 @@ def test_complete_rules() -> None:
     assert unknown.change.state is not None and unknown.change.state.status == "unknown"
     committed = op("committed", None, receipt={**RECEIPT, "recorded_by": "exec-1", "recorded_at": "t"})
     assert decide_complete(committed, "exec-1", TOKEN, Report("committed", RECEIPT)).change.state is None
-    conflict = decide_complete(committed, "exec-1", TOKEN, Report("committed", {**RECEIPT, "external_ref": "y"}))
+    conflict = decide_complete(
+        committed, "exec-1", TOKEN, Report("committed", {**RECEIPT, "external_ref": "y"})
+    )
     assert conflict.error is not None and conflict.error.code == "conflicting_outcome"
     assert conflict.change.state is None and [e.kind for e in conflict.change.events] == ["discrepancy"]
 
@@ -119,12 +145,19 @@ def test_complete_rules() -> None:
 def test_expired_submitted_is_materialised_before_a_late_report() -> None:
     late = decide_complete(op("submitted", -5), "exec-1", TOKEN, Report("committed", RECEIPT))
     assert [(e.kind, e.from_status, e.to_status) for e in late.change.events] == [
-        ("lease_expired", "submitted", "unknown"), ("completed", "unknown", "committed")]
+        ("lease_expired", "submitted", "unknown"),
+        ("completed", "unknown", "committed"),
+    ]
 
 
 def test_resolve_rules() -> None:
-    assert code_of(decide_resolve, op("pending"), "rec-1", Report("committed", RECEIPT)) == "invalid_transition"
-    assert code_of(decide_resolve, op("submitted", 10), "rec-1", Report("committed", RECEIPT)) == "invalid_transition"
+    assert (
+        code_of(decide_resolve, op("pending"), "rec-1", Report("committed", RECEIPT)) == "invalid_transition"
+    )
+    assert (
+        code_of(decide_resolve, op("submitted", 10), "rec-1", Report("committed", RECEIPT))
+        == "invalid_transition"
+    )
     unresolved = decide_resolve(op("unknown", None), "rec-1", Report("unresolved", evidence={"source": "s"}))
     assert unresolved.change.state is not None and unresolved.change.state.status == "unknown"
     resolved = decide_resolve(op("unknown", None), "rec-1", Report("not_applied", reason=REASON))
@@ -157,8 +190,17 @@ def test_tokens_seal_round_trip_and_are_bound_to_the_attempt() -> None:
 def test_chain_detects_an_edit_and_a_gap() -> None:
     events, prev = [], GENESIS_HASH
     for seq in (1, 2, 3):
-        event = {"operation_id": "op", "seq": seq, "at": "2026-11-30T10:00:00.000Z", "kind": "k", "actor": "a",
-                 "from_status": None, "to_status": "pending", "attempt": 1, "data": {"n": seq}}
+        event = {
+            "operation_id": "op",
+            "seq": seq,
+            "at": "2026-11-30T10:00:00.000Z",
+            "kind": "k",
+            "actor": "a",
+            "from_status": None,
+            "to_status": "pending",
+            "attempt": 1,
+            "data": {"n": seq},
+        }
         event["prev_hash"], event["hash"] = prev, event_hash(prev, event)
         prev = str(event["hash"])
         events.append(event)

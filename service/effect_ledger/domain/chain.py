@@ -13,7 +13,7 @@ HASHED_FIELDS = ("operation_id", "seq", "at", "kind", "actor", "from_status", "t
 
 
 def event_hash(prev_hash: str, event: Mapping[str, Any]) -> str:
-    """sha256_hex(prev_hash + "\\n" + JCS({the hashed fields})); `at` is the RFC 3339 text shown by the API."""
+    """sha256_hex(prev_hash + "\\n" + JCS(hashed fields)); `at` is the RFC 3339 text the API shows."""
     content = {name: event[name] for name in HASHED_FIELDS}
     return hashlib.sha256(prev_hash.encode("ascii") + b"\n" + canonical_json(content)).hexdigest()
 
@@ -25,7 +25,11 @@ def first_bad_seq(events: Iterable[Mapping[str, Any]]) -> tuple[int, int | None]
     expected_seq = 1
     for event in events:
         checked += 1
-        if event["seq"] != expected_seq or event["prev_hash"] != prev or event_hash(prev, event) != event["hash"]:
+        if (
+            event["seq"] != expected_seq
+            or event["prev_hash"] != prev
+            or event_hash(prev, event) != event["hash"]
+        ):
             return checked, int(event["seq"])
         prev = event["hash"]
         expected_seq += 1

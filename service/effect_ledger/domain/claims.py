@@ -115,7 +115,12 @@ def first_attempt(req: ClaimRequest, material: AttemptMaterial, now: datetime) -
 def claim_event(op: Operation) -> EventDraft:
     """The event that records a first claim."""
     return EventDraft(
-        "claimed", op.binding.principal, None, PENDING, 1, {"lease_expires_at": format_ts(op.lease_expires_at)}
+        "claimed",
+        op.binding.principal,
+        None,
+        PENDING,
+        1,
+        {"lease_expires_at": format_ts(op.lease_expires_at)},
     )
 
 

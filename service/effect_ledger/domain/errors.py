@@ -67,7 +67,7 @@ def not_found(what: str = "operation") -> LedgerError:
     return LedgerError("not_found", f"No such {what}.")
 
 
-class DatabaseUnavailable(Exception):  # noqa: N818 - it names a condition, like TimeoutError
+class DatabaseUnavailable(Exception):
     """The database could not be reached or is overloaded; raised by db/, mapped to 503."""
 
     def __init__(self, phase: str, exception_type: str) -> None:

@@ -18,7 +18,14 @@ STATUSES: Final = (PENDING, SUBMITTED, COMMITTED, NOT_APPLIED, UNKNOWN)
 TERMINAL: Final = frozenset({COMMITTED, NOT_APPLIED})
 BINDING_FIELDS: Final = ("principal", "tool", "tool_version", "intent_digest")
 DEFAULT_LEASE_SECONDS: Final = 30
-RECEIPT_FIELDS: Final = ("external_ref", "result_digest", "result", "observed_at", "recorded_by", "recorded_at")
+RECEIPT_FIELDS: Final = (
+    "external_ref",
+    "result_digest",
+    "result",
+    "observed_at",
+    "recorded_by",
+    "recorded_at",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import base64
 import hashlib
 import hmac
 
-TOKEN_PREFIX = "clt_"
+TOKEN_PREFIX = "clt_"  # noqa: S105 - a prefix, not a secret
 TOKEN_BYTES = 32
 
 

@@ -60,7 +60,11 @@ def expire_if_due(op: Operation) -> tuple[Operation, tuple[EventDraft, ...]]:
         return op, ()
     state = replace(op, status=UNKNOWN, updated_at=to_ms(op.now))
     event = EventDraft(
-        "lease_expired", SYSTEM_ACTOR, SUBMITTED, UNKNOWN, op.attempt,
+        "lease_expired",
+        SYSTEM_ACTOR,
+        SUBMITTED,
+        UNKNOWN,
+        op.attempt,
         {"lease_expires_at": format_ts(op.lease_expires_at)},
     )
     return state, (event,)
@@ -80,23 +84,34 @@ def decide_submit(op: Operation, token: str, effect_ref: str | None, lease_secon
     if op.effective_status == SUBMITTED:
         if effect_ref is None or effect_ref == op.effect_ref:
             return NO_CHANGE
-        raise operation_error("invalid_transition", "The operation was submitted with another effect_ref.", op)
+        raise operation_error(
+            "invalid_transition", "The operation was submitted with another effect_ref.", op
+        )
     _refuse_unusable(op, "submit")
     now = to_ms(op.now)
     seconds = lease_seconds or op.lease_seconds
     state = replace(
-        op, status=SUBMITTED, effect_ref=effect_ref, lease_seconds=seconds,
-        lease_expires_at=lease_until(now, seconds), submitted_at=now, updated_at=now,
+        op,
+        status=SUBMITTED,
+        effect_ref=effect_ref,
+        lease_seconds=seconds,
+        lease_expires_at=lease_until(now, seconds),
+        submitted_at=now,
+        updated_at=now,
     )
     event = EventDraft(
-        "submitted", op.binding.principal, PENDING, SUBMITTED, op.attempt,
+        "submitted",
+        op.binding.principal,
+        PENDING,
+        SUBMITTED,
+        op.attempt,
         {"effect_ref": effect_ref, "lease_expires_at": format_ts(state.lease_expires_at)},
     )
     return Change(state, (event,))
 
 
 def decide_heartbeat(op: Operation, token: str, lease_seconds: int) -> Change:
-    """Extend a pending or live submitted lease to database now + lease_seconds (no event: no state change)."""
+    """Extend a pending or live submitted lease to database now + lease_seconds; no event."""
     check_fence(op, token)
     if op.effective_status not in (PENDING, SUBMITTED):
         _refuse_unusable(op, "heartbeat")
@@ -116,7 +131,11 @@ def same_outcome(op: Operation, report: Report) -> bool:
 
 
 def _discrepancy(op: Operation, actor: str, report: Report, source: str) -> Decision:
-    data: dict[str, Any] = {"source": source, "reported_outcome": report.outcome, "recorded_outcome": op.status}
+    data: dict[str, Any] = {
+        "source": source,
+        "reported_outcome": report.outcome,
+        "recorded_outcome": op.status,
+    }
     if report.receipt is not None:
         data["reported_receipt"] = report.receipt
     if report.reason is not None:
@@ -134,8 +153,11 @@ def _settle(op: Operation, actor: str, report: Report, kind: str) -> Change:
     now = to_ms(op.now)
     receipt = None
     if report.outcome == COMMITTED and report.receipt is not None:
-        receipt = {**{k: report.receipt.get(k) for k in RECEIPT_CONTENT},
-                   "recorded_by": actor, "recorded_at": format_ts(now)}
+        receipt = {
+            **{k: report.receipt.get(k) for k in RECEIPT_CONTENT},
+            "recorded_by": actor,
+            "recorded_at": format_ts(now),
+        }
     terminal = report.outcome in TERMINAL
     state = replace(
         base,

@@ -46,17 +46,21 @@ class ExecutorController(Controller):
     """Claim an operation ID and move it through its fenced transitions."""
 
     path = OPERATION_PATH
-    tags = ["executor"]
+    tags = ("executor",)
 
     @post("/claim", guards=[requires(EXECUTE)], status_code=201)
-    async def claim(self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]) -> Response[Any]:
+    async def claim(
+        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]
+    ) -> Response[Any]:
         """Claim an operation ID: 201 execute, 200 reuse_receipt, or a 409/422 problem."""
         check_operation_id(operation_id)
         data = await strict_body(request, ClaimBody)
         caller = caller_of(request)
         binding = Binding(caller.principal, data.tool, data.tool_version, claim_digest(data))
         nonce = data.client_nonce
-        req = ClaimRequest(operation_id, binding, data.lease_seconds, None if nonce is None else nonce_hash(nonce))
+        req = ClaimRequest(
+            operation_id, binding, data.lease_seconds, None if nonce is None else nonce_hash(nonce)
+        )
         result = await repo.claim(ledger_of(request), caller.tenant, req, nonce)
         view = operation_view(result.operation)
         if result.verdict == "reuse_receipt":
@@ -65,7 +69,11 @@ class ExecutorController(Controller):
         body = {
             "action": "execute",
             "operation": view,
-            "claim": {"attempt": op.attempt, "token": result.token, "lease_expires_at": view["lease_expires_at"]},
+            "claim": {
+                "attempt": op.attempt,
+                "token": result.token,
+                "lease_expires_at": view["lease_expires_at"],
+            },
         }
         headers = {"Location": f"/v1/operations/{operation_id}"}
         if result.verdict == "replay":
@@ -73,7 +81,9 @@ class ExecutorController(Controller):
         return Response(body, status_code=201, headers=headers)
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200)
-    async def submit(self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[SubmitBody]) -> Response[Any]:
+    async def submit(
+        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[SubmitBody]
+    ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
         check_operation_id(operation_id)
         data = await strict_body(request, SubmitBody)

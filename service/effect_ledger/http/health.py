@@ -19,4 +19,6 @@ async def livez() -> dict[str, str]:
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """Ready when the runtime pool answers and the schema is at the newest migration."""
     ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head)
-    return Response({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+    return Response(
+        {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
+    )

@@ -50,7 +50,10 @@ def problem_response(
     if error.code == "unauthenticated":
         all_headers["WWW-Authenticate"] = "Bearer"
     return Response(
-        problem_body(error), status_code=error.status, media_type=PROBLEM_JSON, headers=all_headers,
+        problem_body(error),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=all_headers,
         background=background,
     )
 
@@ -109,7 +112,9 @@ def on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Re
         return problem_response(LedgerError("not_found", "No such resource."))
     if isinstance(exc, MethodNotAllowedException):
         headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
-        return problem_response(LedgerError("method_not_allowed", "This method is not allowed here."), headers)
+        return problem_response(
+            LedgerError("method_not_allowed", "This method is not allowed here."), headers
+        )
     if exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
         return problem_response(LedgerError("payload_too_large", "The request body is over the size limit."))
     if isinstance(exc, ClientException) and exc.status_code == 400:
@@ -125,7 +130,9 @@ def on_unavailable(request: Request[Any, Any, Any], exc: DatabaseUnavailable) ->
     """Database unreachable or overloaded: 503 with Retry-After and an incident reference."""
     incident, store = record_incident(request, exc.exception_type, exc.phase, 503)
     error = LedgerError(
-        "unavailable", "The ledger's database is unavailable; retry later.", {"incident": incident},
+        "unavailable",
+        "The ledger's database is unavailable; retry later.",
+        {"incident": incident},
         RETRY_AFTER_UNAVAILABLE,
     )
     return problem_response(error, background=store)

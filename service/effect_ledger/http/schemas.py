@@ -150,7 +150,9 @@ def claim_digest(body: ClaimBody) -> str:
     return intent_digest(body.intent)
 
 
-def receipt_content(receipt: ReceiptBody | None, outcome: str, field: str = "receipt") -> dict[str, Any] | None:
+def receipt_content(
+    receipt: ReceiptBody | None, outcome: str, field: str = "receipt"
+) -> dict[str, Any] | None:
     """The receipt's content fields, normalised; committed needs one, other outcomes none."""
     if outcome != "committed":
         if receipt is not None:
