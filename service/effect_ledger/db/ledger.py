@@ -21,7 +21,7 @@ from effect_ledger.domain.claims import (
     first_attempt,
     next_attempt,
 )
-from effect_ledger.domain.errors import LedgerError, not_found
+from effect_ledger.domain.errors import DatabaseUnavailable, LedgerError, not_found
 from effect_ledger.domain.model import Binding, Change, EventDraft, Operation
 from effect_ledger.domain.timefmt import format_ts, to_ms
 from effect_ledger.domain.tokens import TOKEN_BYTES, encode_token, seal, token_hash, unseal
@@ -161,35 +161,36 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
     return result
 
 
+class _Vanished(Exception):
+    """The row our insert conflicted with was purged before we could read it: insert again."""
+
+
 async def _claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
+    for _ in range(3):
+        try:
+            return await _claim_once(ledger, tenant, req, nonce)
+        except _Vanished:
+            continue
+    raise DatabaseUnavailable("claim", "OperationVanished")
+
+
+async def _claim_once(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "claim") as (conn, db_now):
-        token, material = _new_material(tenant, req.operation_id, 1, nonce)
-        fresh = first_attempt(req, material, db_now)
-        event = claim_event(fresh)
-        event_content = {
-            "operation_id": req.operation_id, "seq": 1, "at": format_ts(fresh.created_at), "kind": event.kind,
-            "actor": event.actor, "from_status": None, "to_status": event.to_status, "attempt": 1,
-            "data": event.data,
-        }
-        b = req.binding
-        inserted = await conn.fetchval(
-            sql("insert_first_attempt"), tenant, req.operation_id, b.principal, b.tool, b.tool_version,
-            b.intent_digest, material.token_hash, req.nonce_hash, material.sealed_token, req.lease_seconds,
-            fresh.lease_expires_at, fresh.created_at, event.data, GENESIS_HASH,
-            event_hash(GENESIS_HASH, event_content),
-        )
-        if inserted is not None:
-            return ClaimResult("created", fresh, token, (event,))
+        created = await _insert_first_attempt(conn, tenant, req, nonce, db_now)
+        if created is not None:
+            return created
         row = await conn.fetchrow(sql("read_operation"), tenant, req.operation_id)
-        verdict = decide_claim(row_to_operation(row), req)
+        if row is None:
+            raise _Vanished
+        op = row_to_operation(row)
+        verdict = decide_claim(op, req)
         if verdict == "new_attempt":
             # decide again under the row lock: someone may have moved it since the unlocked read
             locked = await lock_for_change(conn, tenant, req.operation_id)
-            assert locked is not None  # it conflicted with our insert; only a purge of it could race here
+            if locked is None:
+                raise _Vanished
             op = row_to_operation(locked)
             verdict = decide_claim(op, req)
-        else:
-            op = row_to_operation(row)
         if verdict == "reuse_receipt":
             return ClaimResult(verdict, op, None)
         if verdict == "replay":
@@ -201,6 +202,28 @@ async def _claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | No
         await apply_change(conn, tenant, op, change)
         assert change.state is not None
         return ClaimResult("new_attempt", change.state, token, change.events)
+
+
+async def _insert_first_attempt(
+    conn: asyncpg.Connection, tenant: str, req: ClaimRequest, nonce: str | None, db_now: datetime
+) -> ClaimResult | None:
+    """Insert attempt 1 with its `claimed` event; None when the ID already exists (someone else won)."""
+    token, material = _new_material(tenant, req.operation_id, 1, nonce)
+    fresh = first_attempt(req, material, db_now)
+    event = claim_event(fresh)
+    event_content = {
+        "operation_id": req.operation_id, "seq": 1, "at": format_ts(fresh.created_at), "kind": event.kind,
+        "actor": event.actor, "from_status": None, "to_status": event.to_status, "attempt": 1,
+        "data": event.data,
+    }
+    b = req.binding
+    inserted = await conn.fetchval(
+        sql("insert_first_attempt"), tenant, req.operation_id, b.principal, b.tool, b.tool_version,
+        b.intent_digest, material.token_hash, req.nonce_hash, material.sealed_token, req.lease_seconds,
+        fresh.lease_expires_at, fresh.created_at, event.data, GENESIS_HASH,
+        event_hash(GENESIS_HASH, event_content),
+    )
+    return None if inserted is None else ClaimResult("created", fresh, token, (event,))
 
 
 async def transition(
@@ -254,8 +277,3 @@ async def list_events(ledger: Ledger, tenant: str, operation_id: str) -> list[di
     if not rows:
         raise not_found()
     return [event_view(r) for r in rows]
-
-
-def db_time(value: datetime) -> datetime:
-    """Timestamps go to the database at the precision the API shows."""
-    return to_ms(value)
