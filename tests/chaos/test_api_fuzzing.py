@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from harness import LONG, scale, scenario, timeout
+from harness import LONG, TOKEN_TTL_SECONDS, scale, scenario, timeout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -29,9 +29,10 @@ EXAMPLES = scale(600, 6000)
 VIEW_KEYS = {"operation_id", "principal", "tool", "tool_version", "intent_digest", "status", "attempt",
              "lease_expires_at", "lease_expired", "effect_ref", "receipt", "not_applied_reason", "created_at",
              "updated_at", "submitted_at", "resolved_at", "resolved_by"}
-# one token per scope, all scopes, and a token of another tenant
-TOKENS = [*(token("t1", "fuzz-1", scope) for scope in ALL_SCOPES),
-          token("t1", "fuzz-1"), token("t2", "fuzz-2")]
+# one token per scope, and a token of another tenant; half of the cases carry every scope
+FULL = token("t1", "fuzz-1", ttl=TOKEN_TTL_SECONDS)
+TOKENS = [*(token("t1", "fuzz-1", scope, ttl=TOKEN_TTL_SECONDS) for scope in ALL_SCOPES),
+          token("t2", "fuzz-2", ttl=TOKEN_TTL_SECONDS)]
 
 
 def problems_in(status: int, content_type: str, body: Any) -> list[str]:
@@ -67,7 +68,7 @@ def fuzz(schema: Any, base_url: str, examples: int, seen: Counter[str], found: l
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=not LONG,
               suppress_health_check=list(HealthCheck))
-    @given(case=cases, bearer=st.sampled_from(TOKENS))
+    @given(case=cases, bearer=st.one_of(st.just(FULL), st.sampled_from(TOKENS)))
     def one(case: Any, bearer: str) -> None:
         response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {bearer}"}, timeout=30)
         status = response.status_code
@@ -131,7 +132,7 @@ async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
             await asyncio.to_thread(fuzz, schema, service.base_url, EXAMPLES, seen, found)
         figures.operations = sum(seen.values())
         figures.faults = figures.operations  # every request is generated input
-        figures.extra = {"api_operations": operations, "tokens": len(TOKENS),
+        figures.extra = {"api_operations": operations, "tokens": len(TOKENS) + 1,
                          "answers": dict(sorted(seen.items()))}
         figures.check(sorted(set(found)))
     figures.assert_clean()

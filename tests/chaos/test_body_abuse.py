@@ -8,14 +8,15 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import History, check_answers, check_ledger, read_state, scenario, timeout
+from harness import bearer, check_ledger, read_state, scenario, timeout
+from recording import History, check_answers
 
-from conftest import Service, auth
+from conftest import Service
 from effect_ledger.settings import Settings
 
 pytestmark = [pytest.mark.chaos, timeout(60, 300)]
 
-HEADERS = {**auth("t1", "exec-1", "ledger:execute ledger:reconcile diagnostics:write"),
+HEADERS = {**bearer("t1", "exec-1", "ledger:execute ledger:reconcile diagnostics:write"),
            "Content-Type": "application/json"}
 CLAIM = {"tool": "t", "tool_version": "1", "intent": {"x": 1}}
 

@@ -7,18 +7,9 @@ import secrets
 
 import httpx
 import pytest
-from harness import (
-    TOOL,
-    TOOL_VERSION,
-    History,
-    check_answers,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from harness import TOOL, TOOL_VERSION, check_ledger, read_state, scale, scenario, timeout
 from processes import ServiceProcess
+from recording import History, check_answers
 
 from conftest import auth
 

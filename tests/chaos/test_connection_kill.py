@@ -7,18 +7,8 @@ import random
 
 import asyncpg
 import pytest
-from harness import (
-    History,
-    Sink,
-    check_answers,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
+from recording import History, check_answers
 from workload import ledger_client, reconcile, run_executors
 
 from conftest import Service

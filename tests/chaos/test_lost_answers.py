@@ -6,19 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import (
-    History,
-    Sink,
-    check_answers,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
 from processes import LossyProxy
+from recording import History, check_answers
 from workload import TOOL, TOOL_VERSION, ledger_client, reconcile, run_executors
 
 from conftest import Service

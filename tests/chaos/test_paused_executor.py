@@ -56,7 +56,8 @@ async def test_paused_executor_is_fenced_off(request: pytest.FixtureRequest, db_
         async with Sink() as sink, Service(settings) as service:
             for round_number in range(ROUNDS):
                 ids = [f"pause-{round_number}-{n}" for n in range(OPERATIONS_PER_ROUND)]
-                first = _spawn(service.base_url, sink.url, "stopped", 0.5, ids)
+                # it waits 3 s before submitting: ample time to stop it first, free once it is stopped
+                first = _spawn(service.base_url, sink.url, "stopped", 3.0, ids)
                 await _wait_for_line(first, "ALL_CLAIMED", 60)
                 first.send_signal(signal.SIGSTOP)
                 figures.faults += 1

@@ -8,10 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from harness import (
-    History,
     LedgerState,
     Sink,
-    check_answers,
     check_effects,
     check_leases,
     check_ledger,
@@ -21,6 +19,7 @@ from harness import (
     timeout,
 )
 from processes import ScratchPostgres
+from recording import History, check_answers
 from workload import ledger_client, reconcile, run_executors
 
 from conftest import Service

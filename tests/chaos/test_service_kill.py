@@ -7,20 +7,9 @@ import random
 from collections import Counter
 
 import pytest
-from harness import (
-    Call,
-    History,
-    Sink,
-    check_answers,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
 from processes import ServiceProcess
+from recording import Call, History, check_answers
 from workload import ledger_client, reconcile, run_executors
 
 from effect_ledger.domain.timefmt import parse_ts

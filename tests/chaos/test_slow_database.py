@@ -10,9 +10,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from harness import History, check_answers, check_ledger, read_state, scale, scenario, timeout
+from harness import bearer, check_ledger, read_state, scale, scenario, timeout
+from recording import History, check_answers
 
-from conftest import Service, auth
+from conftest import Service
 from effect_ledger.settings import Settings
 
 pytestmark = [pytest.mark.chaos, timeout(120, 900)]
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.chaos, timeout(120, 900)]
 OPERATIONS = 12
 ROUNDS = scale(3, 20)  # bursts per lock
 BURST = 40  # concurrent requests per burst, against a pool of 3
-HEADERS = auth("t1", "exec-1", "ledger:execute ledger:reconcile")
+HEADERS = bearer("t1", "exec-1", "ledger:execute ledger:reconcile")
 HOLDS = {
     # what the other session holds, and the settings that must bound the wait for it
     "row_locks": ("SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' FOR UPDATE",

@@ -12,18 +12,18 @@ from typing import Any, ClassVar
 import httpx
 import psycopg
 import pytest
-from harness import LONG, scale, scenario, timeout
+from harness import LONG, bearer, scale, scenario, timeout
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from conftest import Service, auth
+from conftest import Service
 from effect_ledger.settings import Settings
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 
-EXECUTOR = auth("t1", "exec-1", "ledger:execute")
-RECONCILER = auth("t1", "rec-1", "ledger:reconcile")
+EXECUTOR = bearer("t1", "exec-1", "ledger:execute")
+RECONCILER = bearer("t1", "rec-1", "ledger:reconcile")
 TERMINAL = ("committed", "not_applied")
 EVIDENCE = {"source": "model", "lookup_ref": None, "checked_at": "2026-11-30T10:00:00Z"}
 EXPIRE = ("UPDATE ledger.operations SET lease_expires_at = clock_timestamp() - interval '1 second' "

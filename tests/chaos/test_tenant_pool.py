@@ -12,7 +12,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from harness import History, check_answers, check_ledger, read_state, scale, scenario, timeout
+from harness import check_ledger, read_state, scale, scenario, timeout
+from recording import History, check_answers
 
 from conftest import Service, auth
 from effect_ledger.settings import Settings

@@ -15,7 +15,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from harness import History, check_answers, scenario, timeout
+from harness import scenario, timeout
+from recording import History, check_answers
 
 from conftest import TEST_SECRET, Service, token
 from effect_ledger.settings import Settings

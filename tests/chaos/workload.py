@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from harness import TOOL, TOOL_VERSION, History, Sink, execute_at_sink, sink_receipt
+from harness import TOOL, TOOL_VERSION, Sink, execute_at_sink, sink_receipt
+from recording import History
 
 from conftest import token
 from effect_ledger.client import (
