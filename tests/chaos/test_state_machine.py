@@ -209,6 +209,9 @@ class LedgerMachine(RuleBasedStateMachine):
             self._call(path, body, expected)
         elif outcome == "unknown" and op.effective == "pending":
             self._call(path, body, (409, "invalid_transition"))
+        elif outcome == "unknown" and op.effective == "unknown":
+            op.status = "unknown"  # an expiry is materialised; the lease stays expired (API section 2)
+            self._check_view(self._call(path, body, (200, None)), op)
         else:
             self._settle(op, outcome, variant)
             self._check_view(self._call(path, body, (200, None)), op)
@@ -249,7 +252,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         view = self._call(f"/v1/operations/{key}", None, (200, None))
         self._check_view(view, op)
-        assert view["lease_expired"] == (op.expired and op.status in ("pending", "submitted")), (view, op)
+        # a lease that ran out stays visible as such until a terminal outcome or a new attempt
+        assert view["lease_expired"] == (op.expired and op.status not in TERMINAL), (view, op)
         assert view["effect_ref"] == op.effect_ref
         assert (view["receipt"] or {}).get("external_ref") == op.receipt
         assert (view["not_applied_reason"] or {}).get("detail_code") == op.reason
