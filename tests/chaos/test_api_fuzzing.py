@@ -139,8 +139,6 @@ async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
     assert operations >= 15 and figures.operations >= EXAMPLES * 0.9
 
 
-@pytest.mark.xfail(strict=True, reason="the OpenAPI document lists 2xx and Litestar's own 400 shape "
-                   "only: the problem+json answers of API.md section 4 (401-503) are undocumented")
 async def test_openapi_documents_the_problem_answers(db_url: str) -> None:
     config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
     async with Service(config) as service, service.client() as http:

@@ -22,6 +22,7 @@ from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
+from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
 from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
@@ -69,6 +70,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     )
     # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too.
     app.asgi_handler = RequestTelemetry(app.asgi_handler, metrics)
+    document_problems(app)
     app.state.metrics = metrics
     app.state.verifier = verifier
     app.state.migration_head = head_revision()

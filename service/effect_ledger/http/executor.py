@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from effect_ledger.db import diagnostics as diagnostics_repo
@@ -48,7 +49,12 @@ class ExecutorController(Controller):
     path = OPERATION_PATH
     tags = ("executor",)
 
-    @post("/claim", guards=[requires(EXECUTE)], status_code=201)
+    @post(
+        "/claim",
+        guards=[requires(EXECUTE)],
+        status_code=201,
+        responses={200: ResponseSpec(dict[str, Any], description="reuse_receipt: committed; the receipt")},
+    )
     async def claim(
         self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]
     ) -> Response[Any]:
