@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from litestar import Litestar
-from litestar.openapi.spec import Components, OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Reference, Schema
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Reference,
+    Schema,
+)
 
 from effect_ledger.domain.errors import PROBLEMS
 
@@ -23,7 +30,10 @@ PROBLEM_SCHEMA = Schema(
             type=OpenAPIType.ARRAY,
             items=Schema(
                 type=OpenAPIType.OBJECT,
-                properties={"field": Schema(type=OpenAPIType.STRING), "problem": Schema(type=OpenAPIType.STRING)},
+                properties={
+                    "field": Schema(type=OpenAPIType.STRING),
+                    "problem": Schema(type=OpenAPIType.STRING),
+                },
             ),
         ),
     },
@@ -37,7 +47,9 @@ def _problem(status: int) -> OpenAPIResponse:
     codes = ", ".join(code for code, (s, _) in PROBLEMS.items() if s == status)
     return OpenAPIResponse(
         description=f"Problem ({codes})",
-        content={"application/problem+json": OpenAPIMediaType(schema=Reference("#/components/schemas/Problem"))},
+        content={
+            "application/problem+json": OpenAPIMediaType(schema=Reference("#/components/schemas/Problem"))
+        },
     )
 
 
