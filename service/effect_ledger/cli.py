@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     schema = sub.add_parser("schema", help="regenerate schema/ledger.sql and schema/openapi.json")
     schema.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
+    from effect_ledger.bench.command import add_bench_flags
+
+    add_bench_flags(sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit"))
     return parser
 
 
@@ -129,8 +132,9 @@ def _register_commands() -> None:
     """Import the modules whose @command functions live outside this file."""
     import importlib
 
-    for module in ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli",
-                   "effect_ledger.demo.command"):
+    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.bench.command",
+               "effect_ledger.demo.command")
+    for module in modules:
         importlib.import_module(module)
 
 
@@ -146,4 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under `python -m`, this file is __main__ while command modules register in effect_ledger.cli.
+    from effect_ledger.cli import main as registered_main
+
+    sys.exit(registered_main())

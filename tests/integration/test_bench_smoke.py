@@ -1,0 +1,79 @@
+"""`effect-ledger bench --smoke` runs every measurement and prints every row; wrk's Lua drives real cycles."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from conftest import Service, token
+from effect_ledger.bench.workload import PRINCIPAL, SCOPE, TENANT
+from effect_ledger.bench.wrk import wrk_load, wrk_path
+
+ROWS = [
+    r"1 +limit: pgbench, catalogue SQL, 16 clients +[\d,]+ cycles/s .*0 failed",
+    r"2 +floor: asyncpg, same statements, 1 process +[\d,]+ cycles/s",
+    r"2 +floor: asyncpg \+ repository/domain, 1 process +[\d,]+ cycles/s",
+    r"3 +service: full cycles, 16 executors +[\d,]+ cycles/s .*, 0 errors",
+    r"3 +service: claim +[\d,]+ calls/s .*p99 <= 25 ms: (PASS|MISS)",
+    r"3 +service: submit +[\d,]+ calls/s",
+    r"3 +service: complete +[\d,]+ calls/s",
+    r"3 +service: load generator CPU +\d+% of \d+ cores +Python x\d processes",
+    r"3 +service: CPU per cycle +service [\d.]+ ms +PostgreSQL",
+    r"3 +service: RSS per worker +\d+ MiB +<= 150 MiB: (PASS|MISS)",
+    r"4 +replay: claims of committed IDs +[\d,]+ req/s .*, 0 errors",
+    r"5 +contention: 8 executors, 10 hot IDs .*1 winner per ID: correct +10/10 IDs with exactly one 201",
+    r"6 +growth: 0 rows, claim +[\d,]+ cycles/s .*operations \d+ MiB \+ indexes",
+    r"6 +growth: 2,000 rows, claim +[\d,]+ cycles/s .*p50 <= 1.25 x empty: (PASS|MISS)",
+    r"7 +ratio service/limit +[\d.]+ +>= 0.30: (PASS|MISS)",
+    r"7 +ratio service/floor +[\d.]+",
+]
+
+
+def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
+    env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": pg_admin_url}
+    run = subprocess.run(
+        [sys.executable, "-m", "effect_ledger.cli", "bench", "--smoke", "--generator", "python"],
+        env=env, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("effect-ledger bench: ") and "PostgreSQL " in lines[1]
+    table = [line for line in lines if re.match(r"\d  ", line)]
+    assert len(table) == len(ROWS), run.stdout
+    for pattern, line in zip(ROWS, table, strict=True):
+        assert re.match(pattern, line), f"{line!r} does not match {pattern!r}"
+
+
+@pytest.mark.skipif(wrk_path() is None, reason="wrk is not installed (Debian package wrk)")
+async def test_wrk_script_runs_full_cycles_then_replays_them(
+    service: Service, db_url: str, tmp_path: Path
+) -> None:
+    tokens = [token(TENANT, PRINCIPAL, SCOPE) for _ in range(4)]
+    cycles = await wrk_load("cycle", service.base_url, tmp_path, tokens, 4, 1.0, "wrk")
+    assert cycles.generator == "wrk" and cycles.errors == {}
+    assert cycles.cycles >= 1 and len(cycles.calls["complete"]) == cycles.cycles
+    conn = await asyncpg.connect(db_url)
+    try:
+        statuses = dict(await conn.fetch(
+            "SELECT status, count(*) FROM ledger.operations WHERE tenant_id = $1 GROUP BY status", TENANT))
+        committed = [r["operation_id"] for r in await conn.fetch(
+            "SELECT operation_id FROM ledger.operations WHERE status = 'committed'")]
+        events = await conn.fetchval(
+            "SELECT count(*) FROM ledger.events WHERE operation_id = ANY($1)", committed)
+    finally:
+        await conn.close()
+    # wrk stops mid-cycle, so up to one operation per connection may be left pending or submitted
+    assert statuses["committed"] >= cycles.cycles
+    assert set(statuses) <= {"committed", "pending", "submitted"}
+    assert statuses.get("pending", 0) + statuses.get("submitted", 0) <= 4
+    assert events == 3 * len(committed)  # claimed, submitted, completed
+
+    replays = await wrk_load("replay", service.base_url, tmp_path, tokens, 4, 1.0, "rep", committed)
+    assert replays.errors == {} and replays.requests >= 1
+    assert len(replays.calls["claim"]) >= 1 and replays.cycles == 0
