@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -31,6 +32,12 @@ _NAME_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _BEARER_CREDENTIAL = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/-]+=*")
 
 
+# Log lines repeat the same few strings (routes, tenants, principals, event names): remembering
+# the verdicts keeps the credential check off the request path's CPU budget. Bounded.
+_looks_like_credential = lru_cache(maxsize=8192)(looks_like_credential)
+
+
+@lru_cache(maxsize=4096)
 def is_sensitive_key(name: str) -> bool:
     """Return True if a field with this name holds a secret, whatever its value looks like."""
     words = [word.lower() for word in _NAME_WORDS.findall(name)]
@@ -53,9 +60,9 @@ def redact_value(value: object, depth: int = 0) -> object:
         items = [redact_value(item, depth + 1) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, bytes | bytearray):
-        return REDACTED if looks_like_credential(bytes(value).decode("utf-8", "replace")) else value
+        return REDACTED if _looks_like_credential(bytes(value).decode("utf-8", "replace")) else value
     # Anything else is rendered through repr() by the JSON renderer, so judge that text.
-    return REDACTED if looks_like_credential(repr(value)) else value
+    return REDACTED if _looks_like_credential(repr(value)) else value
 
 
 def redact_secrets(logger: object, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +76,7 @@ def _redact_mapping(mapping: Mapping[Any, Any], depth: int) -> dict[Any, Any]:
     redacted: dict[Any, Any] = {}
     for position, (key, item) in enumerate(mapping.items()):
         name = key if isinstance(key, str) else str(key)
-        if looks_like_credential(name):
+        if _looks_like_credential(name):
             # The key itself is the secret: keep the field visible, but not its name.
             redacted[f"{REDACTED}#{position}"] = REDACTED
         elif is_sensitive_key(name):
@@ -80,7 +87,7 @@ def _redact_mapping(mapping: Mapping[Any, Any], depth: int) -> dict[Any, Any]:
 
 
 def _redact_text(text: str) -> str:
-    if looks_like_credential(text):
+    if _looks_like_credential(text):
         return REDACTED
     # Bearer values too short or too plain to be judged secrets on their own are still
     # masked in logs: a false positive here costs a word, a miss costs a token.
