@@ -32,13 +32,15 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = Settings.__dataclass_fields__[f.name].default
         kind: Any = int if isinstance(default, int) and not isinstance(default, bool) else str
-        parser.add_argument(flag, dest=f.name, type=kind, default=None, help=f"EFFECT_LEDGER_{f.name.upper()}")
+        variable = f"EFFECT_LEDGER_{f.name.upper()}"
+        parser.add_argument(flag, dest=f.name, type=kind, default=None, help=variable)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
-    if isinstance(overrides.get("background_sweep"), str):
-        overrides["background_sweep"] = overrides["background_sweep"].lower() in ("1", "true", "yes", "on")
+    sweep = overrides.get("background_sweep")
+    if isinstance(sweep, str):
+        overrides["background_sweep"] = sweep.lower() in ("1", "true", "yes", "on")
     return Settings.from_env(**overrides)
 
 
