@@ -28,7 +28,7 @@ from effect_ledger.settings import Settings
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 
-EXAMPLES = scale(600, 6000)
+EXAMPLES = scale(1000, 6000)
 
 VIEW_KEYS = {"operation_id", "principal", "tool", "tool_version", "intent_digest", "status", "attempt",
              "lease_expires_at", "lease_expired", "effect_ref", "receipt", "not_applied_reason", "created_at",

@@ -28,7 +28,7 @@ from effect_ledger.settings import Settings
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1200)]
 
-RESTARTS = scale(3, 12)
+RESTARTS = scale(4, 12)
 OPERATIONS = scale(60, 400)  # at least; executors keep taking new ones until the restarts are over
 EXECUTORS = 6
 LEASE_SECONDS = 10

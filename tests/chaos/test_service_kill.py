@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
 
 OPERATIONS = scale(48, 400)  # at least; executors keep taking new ones while the killer is at work
 EXECUTORS = 6
-KILLS = scale(9, 45)  # a multiple of three: each target kind is cut as often
+KILLS = scale(12, 45)  # a multiple of three: each target kind is cut as often
 LEASE_SECONDS = 2
 TARGETS = ("claim", "submit", "complete")
 

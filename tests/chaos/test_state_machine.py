@@ -262,7 +262,7 @@ class LedgerMachine(RuleBasedStateMachine):
 async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest, db_url: str) -> None:
     config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
     machine = type("Machine", (LedgerMachine,), {"db_url": db_url, "steps": 0})
-    runs = settings(max_examples=scale(50, 400), stateful_step_count=scale(40, 60), deadline=None,
+    runs = settings(max_examples=scale(100, 400), stateful_step_count=scale(40, 60), deadline=None,
                     database=None, derandomize=not LONG,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     with scenario(request, "state_machine") as figures:

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.chaos, timeout(120, 900)]
 TENANTS = ("t1", "t2", "t3", "t4")
 SHARED = [f"shared-{n}" for n in range(6)]  # the same IDs in every tenant, bound differently
 OWN = 6  # IDs only one tenant has: `<tenant>-only-<n>`
-REQUESTS = scale(1500, 12000)
+REQUESTS = scale(3000, 12000)
 CONCURRENCY = 16
 ALL = "ledger:execute ledger:reconcile ledger:audit"
 
