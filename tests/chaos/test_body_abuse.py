@@ -115,8 +115,6 @@ async def test_abusive_bodies_get_their_4xx_and_never_a_5xx(
     figures.assert_clean()
 
 
-@pytest.mark.xfail(strict=True, reason="API.md section 4: a body that is not JSON is 400 malformed_request; "
-                   "an empty body is answered 422 validation_failed")
 async def test_empty_body_is_a_malformed_request(db_url: str) -> None:
     settings = Settings(database_url=db_url, background_sweep=False, log_level="warning")
     async with Service(settings) as service, service.client() as http:

@@ -16,6 +16,7 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
+from litestar.utils.scope.state import ScopeState
 
 from effect_ledger.domain.errors import PROBLEMS, DatabaseUnavailable, LedgerError, validation_failed
 from effect_ledger.domain.model import Operation, operation_view
@@ -91,6 +92,9 @@ def _field_problem(message: str, key: str) -> tuple[str, str]:
 
 def on_validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
     """Body decoding: not an object -> 400 malformed_request; wrong fields or types -> 422."""
+    cached = ScopeState.from_scope(request.scope).body
+    if isinstance(cached, bytes) and not cached.strip():
+        return problem_response(LedgerError("malformed_request", "The body is empty; send a JSON object."))
     extra = exc.extra if isinstance(exc.extra, list) else []
     errors: list[tuple[str, str]] = []
     for item in extra:
