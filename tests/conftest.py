@@ -10,6 +10,7 @@ import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -108,25 +109,25 @@ def auth(tenant: str = "t1", sub: str = "exec-1", scope: str = " ".join(ALL_SCOP
     return {"Authorization": f"Bearer {token(tenant, sub, scope)}"}
 
 
-class Service:
-    """A real uvicorn server running the app in this event loop, on a free loopback port."""
+class LoopServer:
+    """A uvicorn server running an ASGI app in this event loop, on a free loopback port."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings, jwt_secret=TEST_SECRET),
+            app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
-            lifespan="on",
+            lifespan=lifespan,
             access_log=False,
+            interface="asgi3",  # a bound method's signature would make uvicorn guess ASGI 2
         )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> Service:
+    async def __aenter__(self) -> Self:
         self.task = asyncio.create_task(self.server.serve())
         while not self.server.started:
             if self.task.done():
@@ -136,8 +137,16 @@ class Service:
 
     async def __aexit__(self, *exc: object) -> None:
         self.server.should_exit = True
-        assert self.task is not None
-        await self.task
+        if self.task is not None:
+            await self.task
+
+
+class Service(LoopServer):
+    """The effect-ledger app served for real over loopback HTTP."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        super().__init__(create_app(settings, jwt_secret=TEST_SECRET))
 
     def client(self, **kwargs: object) -> httpx.AsyncClient:
         """An HTTP client for this service."""

@@ -7,7 +7,6 @@ the history and the final database state for violations. A scenario passes only 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -21,9 +20,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 
-from conftest import free_port, token
+from conftest import LoopServer, token
 from effect_ledger.db.ledger import event_view
 from effect_ledger.domain.chain import first_bad_seq
 
@@ -119,17 +117,13 @@ def sink_receipt(key: str, attempt: int) -> dict[str, Any]:
     return {"external_ref": f"sink:{key}#{attempt}", "result": {"attempt": attempt}}
 
 
-class Sink:
+class Sink(LoopServer):
     """The external system, as a tiny HTTP service on loopback: it counts executions per key."""
 
     def __init__(self) -> None:
         self.executions: dict[str, list[Execution]] = {}
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", access_log=False, interface="asgi3")
-        self.server = uvicorn.Server(config)
-        self.task: asyncio.Task[None] | None = None
+        super().__init__(self.app, lifespan="off")
+        self.url = self.base_url
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """POST /effects/{key} {"attempt", "executor"} executes; GET /effects/{key} lists executions."""
@@ -153,19 +147,6 @@ class Sink:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
-
-    async def __aenter__(self) -> Sink:
-        self.task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self.task.done():
-                self.task.result()
-            await asyncio.sleep(0.01)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        if self.task is not None:
-            await self.task
 
     @property
     def total(self) -> int:

@@ -5,47 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import asyncpg
 import httpx
+from ledger_flows import CLAIM, claim, expire_lease
+from ledger_flows import call as post
+from ledger_flows import count_events as event_count
 
 from conftest import auth
 from effect_ledger.domain.canonical import intent_digest
-
-CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1", "n": 3}, "lease_seconds": 30}
-
-
-async def claim(
-    client: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None, **who: str
-) -> httpx.Response:
-    return await client.post(f"/v1/operations/{op}/claim", json=body or CLAIM, headers=auth(**who))
-
-
-async def post(
-    client: httpx.AsyncClient, op: str, call: str, body: dict[str, Any], **who: str
-) -> httpx.Response:
-    return await client.post(f"/v1/operations/{op}/{call}", json=body, headers=auth(**who))
-
-
-async def expire_lease(db_url: str, op: str, tenant: str = "t1") -> None:
-    """Move the lease into the past, as the database clock would after waiting it out."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        await conn.execute(
-            "UPDATE ledger.operations SET lease_expires_at = now() - interval '1 second'"
-            " WHERE tenant_id = $1 AND operation_id = $2",
-            tenant,
-            op,
-        )
-    finally:
-        await conn.close()
-
-
-async def event_count(db_url: str) -> int:
-    conn = await asyncpg.connect(db_url)
-    try:
-        return int(await conn.fetchval("SELECT count(*) FROM ledger.events"))
-    finally:
-        await conn.close()
 
 
 async def test_new_id_is_granted_with_location_and_token(client: httpx.AsyncClient) -> None:

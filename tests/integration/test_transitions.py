@@ -7,7 +7,9 @@ from typing import Any
 
 import asyncpg
 import httpx
-from test_claim_table import claim, event_count, expire_lease, post
+from ledger_flows import call as post
+from ledger_flows import claim, expire_lease
+from ledger_flows import count_events as event_count
 
 from conftest import auth
 

@@ -21,6 +21,7 @@ from effect_ledger.bench.stats import LoadResult
 from effect_ledger.bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 from effect_ledger.db import ledger as repo
 from effect_ledger.db.catalogue import sql
+from effect_ledger.db.ledger import lock_for_change
 from effect_ledger.db.pools import create_role_pool, tenant_tx
 from effect_ledger.db.urls import RUNTIME_ROLE
 from effect_ledger.domain.canonical import intent_digest
@@ -40,7 +41,7 @@ def statement_cycle(pool: asyncpg.Pool) -> Cycle:
     """One effect cycle as the service's three transactions, with no domain logic around them."""
 
     async def write(conn: asyncpg.Connection, op_id: str, status: str, seq: int, **state: object) -> None:
-        await conn.fetchrow(sql("lock_operation"), TENANT, op_id)
+        await lock_for_change(conn, TENANT, op_id)
         now = state["now"]
         await conn.execute(
             sql("apply_change"), TENANT, op_id, True, status, 1, _BYTES, _BYTES, _BYTES, LEASE_SECONDS,

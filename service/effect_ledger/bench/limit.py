@@ -66,7 +66,9 @@ def bind(statement: str, mapping: dict[int, str]) -> str:
 def script() -> str:
     """One effect cycle as a pgbench script; op IDs from a per-client counter, unique per run."""
     context = bind(sql("tenant_context"), TENANT_CONTEXT) + " \\gset ctx_"
-    lock = bind(sql("lock_operation"), LOCK_OPERATION) + ";"
+    # the service's locking read: the row lock, then the row with its chain head (db.ledger.lock_for_change)
+    locking_read = ("lock_operation_row", "read_operation")
+    lock = "\n".join(bind(sql(name), LOCK_OPERATION) + ";" for name in locking_read)
     return "\n".join([
         "\\set n :n + 1",
         "\\set op :run * 1000000000000 + :client_id * 1000000000 + :n",

@@ -35,19 +35,6 @@ LEFT JOIN LATERAL (
 ) AS e ON true
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
--- name: lock_operation
--- The same, locked FOR UPDATE: transitions on one operation are serialised on its row.
--- The clock is read after the lock is granted, so lease judgements are never stale.
-SELECT o.*, e.seq AS last_seq, e.hash AS last_hash, clock_timestamp() AS db_now
-FROM ledger.operations AS o
-LEFT JOIN LATERAL (
-    SELECT seq, hash FROM ledger.events AS ev
-    WHERE ev.tenant_id = o.tenant_id AND ev.operation_id = o.operation_id
-    ORDER BY seq DESC LIMIT 1
-) AS e ON true
-WHERE o.tenant_id = $1 AND o.operation_id = $2
-FOR UPDATE OF o;
-
 -- name: apply_change
 -- Write an operation's new state (when $3) and append its events, in one round trip.
 -- Data-modifying CTEs always run to completion, so the UPDATE happens even if no event is appended.

@@ -53,7 +53,11 @@ class ExecutorController(Controller):
         "/claim",
         guards=[requires(EXECUTE)],
         status_code=201,
-        responses={200: ResponseSpec(dict[str, Any], description="reuse_receipt: committed; the receipt")},
+        responses={
+            200: ResponseSpec(
+                dict[str, Any], description="reuse_receipt: committed; the receipt", generate_examples=False
+            )
+        },
     )
     async def claim(
         self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]
