@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from collections.abc import Mapping, MutableMapping
+from functools import lru_cache
 from typing import Any
 
 from effect_ledger.domain.screening import looks_like_credential
