@@ -44,10 +44,10 @@ def statement_cycle(pool: asyncpg.Pool) -> Cycle:
         await lock_for_change(conn, TENANT, op_id)
         now = state["now"]
         await conn.execute(
-            sql("apply_change"), TENANT, op_id, True, status, 1, _BYTES, _BYTES, _BYTES, LEASE_SECONDS,
+            sql("apply_change"), TENANT, op_id, status, 1, _BYTES, _BYTES, _BYTES, LEASE_SECONDS,
             state.get("lease"), f"ref-{op_id}", state.get("receipt"), None, now, now, state.get("resolved"),
             state.get("resolved_by"), [seq], [now], [state["kind"]], [PRINCIPAL], [state["before"]], [status],
-            [1], [state["data"]], [_HASH], [_HASH],
+            [1], [state["data"]], [_HASH], [_HASH], seq, _HASH,
         )
 
     async def cycle(op_id: str) -> None:

@@ -37,19 +37,20 @@ INSERT_FIRST_ATTEMPT = {
 }
 LOCK_OPERATION = {1: ":tenant", 2: ":op"}
 _APPLY_COMMON = {
-    1: ":tenant", 2: ":op", 3: ":state_changed", 5: ":attempt", 6: ":token_hash", 7: ":nonce_hash",
-    8: ":sealed_token", 9: ":lease_seconds", 11: ":effect_ref", 13: "NULL", 14: NOW, 15: NOW,
-    19: ":event_at", 21: ":event_actor", 24: ":event_attempt",
+    1: ":tenant", 2: ":op", 4: ":attempt", 5: ":token_hash", 6: ":nonce_hash",
+    7: ":sealed_token", 8: ":lease_seconds", 10: ":effect_ref", 12: "NULL", 13: NOW, 14: NOW,
+    18: ":event_at", 20: ":event_actor", 23: ":event_attempt",
 }
 APPLY_SUBMIT = {
-    **_APPLY_COMMON, 4: ":submitted", 10: NOW, 12: "NULL", 16: "NULL", 17: "NULL", 18: ":submit_seq",
-    20: ":submit_kind", 22: ":submit_from", 23: ":submit_to", 25: ":submit_data", 26: ":submit_prev",
-    27: ":submit_hash",
+    **_APPLY_COMMON, 3: ":submitted", 9: NOW, 11: "NULL", 15: "NULL", 16: "NULL", 17: ":submit_seq",
+    19: ":submit_kind", 21: ":submit_from", 22: ":submit_to", 24: ":submit_data", 25: ":submit_prev",
+    26: ":submit_hash", 27: ":submit_head_seq", 28: ":submit_head_hash",
 }
 APPLY_COMPLETE = {
-    **_APPLY_COMMON, 4: ":committed", 10: "NULL", 12: ":receipt", 16: NOW, 17: ":principal",
-    18: ":complete_seq", 20: ":complete_kind", 22: ":complete_from", 23: ":complete_to",
-    25: ":complete_data", 26: ":complete_prev", 27: ":complete_hash",
+    **_APPLY_COMMON, 3: ":committed", 9: "NULL", 11: ":receipt", 15: NOW, 16: ":principal",
+    17: ":complete_seq", 19: ":complete_kind", 21: ":complete_from", 22: ":complete_to",
+    24: ":complete_data", 25: ":complete_prev", 26: ":complete_hash", 27: ":complete_head_seq",
+    28: ":complete_head_hash",
 }
 
 _PARAM = re.compile(r"\$(\d+)")
@@ -67,7 +68,7 @@ def script() -> str:
     """One effect cycle as a pgbench script; op IDs from a per-client counter, unique per run."""
     context = bind(sql("tenant_context"), TENANT_CONTEXT) + " \\gset ctx_"
     # the service's locking read: the row lock, then the row with its chain head (db.ledger.lock_for_change)
-    locking_read = ("lock_operation_row", "read_operation")
+    locking_read = ("lock_operation",)
     lock = "\n".join(bind(sql(name), LOCK_OPERATION) + ";" for name in locking_read)
     return "\n".join([
         "\\set n :n + 1",
@@ -107,10 +108,12 @@ def variables(run: int) -> dict[str, str]:
         "submit_seq": _array(2), "submit_kind": _array("submitted"), "submit_from": _array("pending"),
         "submit_to": _array("submitted"), "submit_data": _array(json.dumps({"effect_ref": "ref-1", **lease})),
         "submit_prev": _array(_hex("e1")), "submit_hash": _array(_hex("e2")),
+        "submit_head_seq": "2", "submit_head_hash": _hex("e2"),
         "complete_seq": _array(3), "complete_kind": _array("completed"), "complete_from": _array("submitted"),
         "complete_to": _array("committed"),
         "complete_data": _array(json.dumps({"outcome": "committed", "receipt": receipt})),
         "complete_prev": _array(_hex("e2")), "complete_hash": _array(_hex("e3")),
+        "complete_head_seq": "3", "complete_head_hash": _hex("e3"),
     }
 
 

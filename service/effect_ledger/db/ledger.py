@@ -87,8 +87,8 @@ def row_to_operation(row: Mapping[str, Any]) -> Operation:
         submitted_at=row["submitted_at"],
         resolved_at=row["resolved_at"],
         resolved_by=row["resolved_by"],
-        last_seq=row["last_seq"] or 0,
-        last_hash=row["last_hash"] or GENESIS_HASH,
+        last_seq=row["chain_seq"],
+        last_hash=row["chain_hash"],
         now=row["db_now"],
     )
 
@@ -123,17 +123,8 @@ def _event_columns(op: Operation, change: Change) -> list[list[Any]]:
 
 
 async def lock_for_change(conn: asyncpg.Connection, tenant: str, operation_id: str) -> asyncpg.Record | None:
-    """Lock the operation row, then read it with its chain head and the clock in a second statement.
-
-    Under READ COMMITTED a statement reads rows committed before it started. A locking read that waited
-    for a concurrent transition gets that transition's row (re-checked) but not the events it appended
-    (a discrepancy appends events without touching the row at all), so a one-statement read would
-    number the next event on a stale head. Once the lock is held nobody else can append, and a new
-    statement sees every committed event.
-    """
-    if await conn.fetchval(sql("lock_operation_row"), tenant, operation_id) is None:
-        return None
-    row: asyncpg.Record | None = await conn.fetchrow(sql("read_operation"), tenant, operation_id)
+    """Lock the operation row and read it, chain head and clock included, in one statement."""
+    row: asyncpg.Record | None = await conn.fetchrow(sql("lock_operation"), tenant, operation_id)
     return row
 
 
@@ -142,11 +133,14 @@ async def apply_change(conn: asyncpg.Connection, tenant: str, op: Operation, cha
     if change.state is None and not change.events:
         return
     s = change.state or op
+    events = _event_columns(op, change)
+    head_seq = events[0][-1] if change.events else op.last_seq
+    head_hash = events[9][-1] if change.events else op.last_hash
     await conn.execute(
-        sql("apply_change"), tenant, op.operation_id, change.state is not None,
+        sql("apply_change"), tenant, op.operation_id,
         s.status, s.attempt, s.claim_token_hash, s.client_nonce_hash, s.sealed_token, s.lease_seconds,
         s.lease_expires_at, s.effect_ref, s.receipt, s.not_applied_reason, s.updated_at, s.submitted_at,
-        s.resolved_at, s.resolved_by, *_event_columns(op, change),
+        s.resolved_at, s.resolved_by, *events, head_seq, head_hash,
     )
 
 

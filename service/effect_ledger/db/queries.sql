@@ -13,8 +13,8 @@ WITH inserted AS (
     INSERT INTO ledger.operations (
         tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
         claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
-        created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, 'pending', 1, $7, $8, $9, $10, $11, $12, $12)
+        created_at, updated_at, chain_seq, chain_hash)
+    VALUES ($1, $2, $3, $4, $5, $6, 'pending', 1, $7, $8, $9, $10, $11, $12, $12, 1, $15)
     ON CONFLICT (tenant_id, operation_id) DO NOTHING
     RETURNING tenant_id, operation_id
 )
@@ -25,33 +25,29 @@ FROM inserted
 RETURNING seq;
 
 -- name: read_operation
--- One operation with the head of its event chain and the database clock, without locking.
-SELECT o.*, e.seq AS last_seq, e.hash AS last_hash, clock_timestamp() AS db_now
+-- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
+SELECT o.*, clock_timestamp() AS db_now
 FROM ledger.operations AS o
-LEFT JOIN LATERAL (
-    SELECT seq, hash FROM ledger.events AS ev
-    WHERE ev.tenant_id = o.tenant_id AND ev.operation_id = o.operation_id
-    ORDER BY seq DESC LIMIT 1
-) AS e ON true
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
 -- name: apply_change
--- Write an operation's new state (when $3) and append its events, in one round trip.
--- Data-modifying CTEs always run to completion, so the UPDATE happens even if no event is appended.
+-- Write an operation's new state and chain head and append its events, in one round trip.
+-- Data-modifying CTEs always run to completion, so the UPDATE happens even if no event is appended;
+-- every append moves the head on the row, so the row lock orders appends.
 WITH updated AS (
     UPDATE ledger.operations SET
-        status = $4, attempt = $5, claim_token_hash = $6, client_nonce_hash = $7, sealed_token = $8,
-        lease_seconds = $9, lease_expires_at = $10, effect_ref = $11, receipt = $12,
-        not_applied_reason = $13, updated_at = $14, submitted_at = $15, resolved_at = $16,
-        resolved_by = $17
-    WHERE tenant_id = $1 AND operation_id = $2 AND $3::boolean
+        status = $3, attempt = $4, claim_token_hash = $5, client_nonce_hash = $6, sealed_token = $7,
+        lease_seconds = $8, lease_expires_at = $9, effect_ref = $10, receipt = $11,
+        not_applied_reason = $12, updated_at = $13, submitted_at = $14, resolved_at = $15,
+        resolved_by = $16, chain_seq = $27, chain_hash = $28
+    WHERE tenant_id = $1 AND operation_id = $2
     RETURNING operation_id
 )
 INSERT INTO ledger.events (
     tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
 SELECT $1, $2, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
-FROM unnest($18::integer[], $19::timestamptz[], $20::text[], $21::text[], $22::text[], $23::text[],
-            $24::integer[], $25::jsonb[], $26::text[], $27::text[])
+FROM unnest($17::integer[], $18::timestamptz[], $19::text[], $20::text[], $21::text[], $22::text[],
+            $23::integer[], $24::jsonb[], $25::text[], $26::text[])
      AS e(seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash);
 
 -- name: list_events
@@ -100,7 +96,7 @@ SELECT version_num FROM public.alembic_version;
 
 -- name: list_operations
 -- Reconciler list without a status filter: one page of the tenant's operations in creation order.
-SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+SELECT o.*, $6::timestamptz AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1
   AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
@@ -111,7 +107,7 @@ LIMIT $7;
 
 -- name: list_operations_by_status
 -- Reconciler list of one stored status; `submitted` means live leases only (an expired one is unknown).
-SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+SELECT o.*, $6::timestamptz AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = $8
   AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
@@ -125,7 +121,7 @@ LIMIT $7;
 -- Reconciler list of unknown outcomes: stored unknown plus submitted whose lease has expired, unswept.
 -- Two ordered index scans merged (Merge Append), so the page needs no sort of the whole set.
 SELECT * FROM (
-    (SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+    (SELECT o.*, $6::timestamptz AS db_now
      FROM ledger.operations AS o
      WHERE o.tenant_id = $1 AND o.status = 'unknown'
        AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
@@ -134,7 +130,7 @@ SELECT * FROM (
      ORDER BY o.created_at, o.operation_id
      LIMIT $7)
     UNION ALL
-    (SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, $6::timestamptz AS db_now
+    (SELECT o.*, $6::timestamptz AS db_now
      FROM ledger.operations AS o
      WHERE o.tenant_id = $1 AND o.status = 'submitted' AND o.lease_expires_at <= $6
        AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
@@ -148,7 +144,7 @@ LIMIT $7;
 
 -- name: list_receipts
 -- Receipts feed: committed operations by resolution time, over the partial index operations_receipts.
-SELECT o.*, NULL::integer AS last_seq, NULL::text AS last_hash, clock_timestamp() AS db_now
+SELECT o.*, clock_timestamp() AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = 'committed'
   AND o.resolved_at >= $2 AND (o.resolved_at > $2 OR o.operation_id > $3)
@@ -187,10 +183,14 @@ WHERE tenant_id = $1
 ORDER BY at, access_id
 LIMIT $5;
 
--- name: lock_operation_row
--- Serialise transitions on one operation: take its row lock; the caller reads the row (read_operation)
--- in a new statement once it is held, so the chain head it numbers from is current.
-SELECT 1 FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE;
+-- name: lock_operation
+-- Lock one operation FOR UPDATE and read it, chain head included, with the clock read after the lock
+-- is granted. After waiting for a concurrent transition, FOR UPDATE returns the row version that
+-- transition committed, and every event append moves the head on the row: the head is current.
+SELECT o.*, clock_timestamp() AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = $2
+FOR UPDATE;
 
 -- name: try_maintenance_lock
 -- One sweeper (or purger) across all replicas: a session advisory lock, never waited for.
