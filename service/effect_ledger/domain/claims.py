@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.errors import LedgerError
@@ -85,30 +85,37 @@ def lease_until(now: datetime, seconds: int) -> datetime:
     return to_ms(now + timedelta(seconds=seconds))
 
 
+def _fresh_attempt(req: ClaimRequest, material: AttemptMaterial, now: datetime) -> dict[str, Any]:
+    """What every granted attempt starts from: pending, a new token and lease, no outcome recorded."""
+    return {
+        "status": PENDING,
+        "claim_token_hash": material.token_hash,
+        "client_nonce_hash": req.nonce_hash,
+        "sealed_token": material.sealed_token,
+        "lease_seconds": req.lease_seconds,
+        "lease_expires_at": lease_until(now, req.lease_seconds),
+        "effect_ref": None,
+        "receipt": None,
+        "not_applied_reason": None,
+        "updated_at": now,
+        "submitted_at": None,
+        "resolved_at": None,
+        "resolved_by": None,
+    }
+
+
 def first_attempt(req: ClaimRequest, material: AttemptMaterial, now: datetime) -> Operation:
     """The row a granted first claim inserts (its event is `claim_event`)."""
     now = to_ms(now)
     return Operation(
         operation_id=req.operation_id,
         binding=req.binding,
-        status=PENDING,
         attempt=1,
-        claim_token_hash=material.token_hash,
-        client_nonce_hash=req.nonce_hash,
-        sealed_token=material.sealed_token,
-        lease_seconds=req.lease_seconds,
-        lease_expires_at=lease_until(now, req.lease_seconds),
-        effect_ref=None,
-        receipt=None,
-        not_applied_reason=None,
         created_at=now,
-        updated_at=now,
-        submitted_at=None,
-        resolved_at=None,
-        resolved_by=None,
         last_seq=0,
         last_hash=GENESIS_HASH,
         now=now,
+        **_fresh_attempt(req, material, now),
     )
 
 
@@ -127,23 +134,7 @@ def claim_event(op: Operation) -> EventDraft:
 def next_attempt(op: Operation, req: ClaimRequest, material: AttemptMaterial) -> Change:
     """A new attempt after an expired pending lease or a not_applied outcome; the old token goes stale."""
     now = to_ms(op.now)
-    state = replace(
-        op,
-        status=PENDING,
-        attempt=op.attempt + 1,
-        claim_token_hash=material.token_hash,
-        client_nonce_hash=req.nonce_hash,
-        sealed_token=material.sealed_token,
-        lease_seconds=req.lease_seconds,
-        lease_expires_at=lease_until(now, req.lease_seconds),
-        effect_ref=None,
-        receipt=None,
-        not_applied_reason=None,
-        updated_at=now,
-        submitted_at=None,
-        resolved_at=None,
-        resolved_by=None,
-    )
+    state = replace(op, attempt=op.attempt + 1, **_fresh_attempt(req, material, now))
     event = EventDraft(
         "reclaimed",
         req.binding.principal,
