@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -203,21 +203,19 @@ async def _insert_first_attempt(
 ) -> ClaimResult | None:
     """Insert attempt 1 with its `claimed` event; None when the ID already exists (someone else won)."""
     token, material = _new_material(tenant, req.operation_id, 1, nonce)
-    fresh = first_attempt(req, material, db_now)
+    fresh = first_attempt(req, material, db_now)  # chain head: genesis, so seq 1 is numbered onto it
     event = claim_event(fresh)
-    event_content = {
-        "operation_id": req.operation_id, "seq": 1, "at": format_ts(fresh.created_at), "kind": event.kind,
-        "actor": event.actor, "from_status": None, "to_status": event.to_status, "attempt": 1,
-        "data": event.data,
-    }
+    digest = _event_columns(fresh, Change(None, (event,)))[9][0]
     b = req.binding
     inserted = await conn.fetchval(
         sql("insert_first_attempt"), tenant, req.operation_id, b.principal, b.tool, b.tool_version,
         b.intent_digest, material.token_hash, req.nonce_hash, material.sealed_token, req.lease_seconds,
-        fresh.lease_expires_at, fresh.created_at, event.data, GENESIS_HASH,
-        event_hash(GENESIS_HASH, event_content),
+        fresh.lease_expires_at, fresh.created_at, event.data, GENESIS_HASH, digest,
     )
-    return None if inserted is None else ClaimResult("created", fresh, token, (event,))
+    if inserted is None:
+        return None
+    # what the row now holds: the chain head moved to the `claimed` event
+    return ClaimResult("created", replace(fresh, last_seq=1, last_hash=digest), token, (event,))
 
 
 async def transition(
