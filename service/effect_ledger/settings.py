@@ -30,6 +30,9 @@ class Settings:
     retention_days: int = 30  # terminal operations and their events are purged after this
     diagnostics_retention_days: int = 14
     access_log_retention_days: int = 365
+    journal_retention_days: int = 90  # journal sessions unchanged this long are purged with their records
+    journal_max_records: int = 1000  # records per journal session
+    journal_max_record_bytes: int = 16384  # UTF-8 bytes of one journal record in its JCS form
     pool_size: int = 10  # runtime connections per worker
     reader_pool_size: int = 2  # diagnostics reader connections per worker
     pool_acquire_timeout_ms: int = 2000  # waiting longer for a connection answers 503

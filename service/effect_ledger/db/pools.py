@@ -121,11 +121,15 @@ class Pools:
 
 @asynccontextmanager
 async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction",
+    *, snapshot: bool = False,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
-    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
+    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
+
+    `snapshot`: a read-only REPEATABLE READ transaction, so that several reads see one snapshot."""
+    options: dict[str, Any] = {"isolation": "repeatable_read", "readonly": True} if snapshot else {}
     try:
-        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
+        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction(**options):
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:

@@ -21,6 +21,8 @@ from effect_ledger.http.diagnostics import DiagnosticsController
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
+from effect_ledger.http.journal import JournalController
+from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
@@ -31,7 +33,7 @@ from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
 ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
-                     ReconcilerController, AuditController, metrics_endpoint]
+                     ReconcilerController, AuditController, JournalController, metrics_endpoint]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -72,6 +74,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.asgi_handler = RequestTelemetry(app.asgi_handler, metrics)
     document_problems(app)
     app.state.metrics = metrics
+    app.state.journal_metrics = JournalMetrics(metrics.registry)
     app.state.verifier = verifier
     app.state.migration_head = head_revision()
     app.state.settings = settings

@@ -1,0 +1,122 @@
+"""Context replay: which records to send with a new model request, under a record and byte budget.
+
+Deterministic and loss-accounted. Records are grouped into units that are kept or dropped whole (a
+message; a call with its result when it has one), so no result is ever sent without its call nor a
+call without its existing result. Unresolved calls are always kept. The other units are kept newest
+first until the next one does not fit; where a summary covers only omitted records, it is sent in
+their place if it fits. Every record not sent is counted in `omitted` (records and bytes), whether a
+summary stands in for it or not; `summarized` names the ranges that summaries stand in for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from effect_ledger.domain.errors import LedgerError, invalid_history
+from effect_ledger.domain.journal_records import record_bytes
+
+Record = tuple[int, Mapping[str, Any]]  # (seq, record in stored form)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The chosen seqs (ascending), the loss accounting, and the calls still unresolved."""
+
+    seqs: list[int]
+    omitted_records: int
+    omitted_bytes: int
+    summarized: list[dict[str, int]]
+    unresolved: list[str]
+
+
+class _Budget:
+    def __init__(self, records: int | None, size: int | None) -> None:
+        self.records, self.bytes = records, size
+
+    def fits(self, count: int, size: int) -> bool:
+        return (self.records is None or count <= self.records) and (self.bytes is None or size <= self.bytes)
+
+    def take(self, count: int, size: int) -> None:
+        if self.records is not None:
+            self.records -= count
+        if self.bytes is not None:
+            self.bytes -= size
+
+
+def _units(records: Sequence[Record]) -> tuple[list[list[int]], list[list[int]], list[str]]:
+    """(mandatory units, other units, unresolved call IDs): each unit a list of seqs."""
+    result_of: dict[str, int] = {}
+    for seq, record in records:
+        if record["type"] == "tool_result":
+            result_of[record["call_id"]] = seq
+    mandatory: list[list[int]] = []
+    others: list[list[int]] = []
+    unresolved: list[str] = []
+    for seq, record in records:
+        kind = record["type"]
+        if kind == "message":
+            others.append([seq])
+        elif kind == "tool_call":
+            result = result_of.get(record["call_id"])
+            if result is None:
+                mandatory.append([seq])
+                unresolved.append(record["call_id"])
+            else:
+                others.append([seq, result])
+    return mandatory, others, unresolved
+
+
+def select_context(
+    records: Sequence[Record], max_records: int | None, max_bytes: int | None
+) -> Selection | LedgerError:
+    """Select deterministically under the budget; unresolved calls beyond it alone → invalid_history."""
+    ordered = sorted(records, key=lambda r: r[0])
+    size = {seq: record_bytes(dict(record)) for seq, record in ordered}
+    mandatory, others, unresolved = _units(ordered)
+    budget = _Budget(max_records, max_bytes)
+    kept: set[int] = set()
+    for unit in mandatory:
+        cost = sum(size[s] for s in unit)
+        if not budget.fits(len(unit), cost):
+            return invalid_history([(unit[0], "the unresolved calls alone exceed max_records or max_bytes")])
+        budget.take(len(unit), cost)
+        kept.update(unit)
+    for unit in sorted(others, key=max, reverse=True):
+        cost = sum(size[s] for s in unit)
+        if not budget.fits(len(unit), cost):
+            break  # newest kept first: everything older than this unit is omitted
+        budget.take(len(unit), cost)
+        kept.update(unit)
+    stand_ins = _stand_ins(ordered, kept, size, budget)
+    chosen = kept | {seq for seq, _, _ in stand_ins}
+    omitted = [s for s, _ in ordered if s not in chosen]
+    return Selection(
+        sorted(chosen), len(omitted), sum(size[s] for s in omitted),
+        [{"from_seq": first, "to_seq": last} for _, first, last in sorted(stand_ins, key=lambda t: t[1])],
+        unresolved,
+    )
+
+
+def _stand_ins(
+    ordered: Sequence[Record], kept: set[int], size: Mapping[int, int], budget: _Budget
+) -> list[tuple[int, int, int]]:
+    """Summaries (seq, from, to), newest first, that cover only omitted records, overlap no other
+    chosen summary, and fit what is left of the budget."""
+    authoritative = [seq for seq, record in ordered if record["type"] != "summary"]
+    chosen: list[tuple[int, int, int]] = []
+    for seq, record in sorted(ordered, key=lambda r: r[0], reverse=True):
+        if record["type"] != "summary":
+            continue
+        first, last = record["covers"]["from_seq"], record["covers"]["to_seq"]
+        covered = [s for s in authoritative if first <= s <= last]
+        if not covered or any(s in kept for s in covered):
+            continue
+        if any(first <= other_last and other_first <= last for _, other_first, other_last in chosen):
+            continue
+        if not budget.fits(1, size[seq]):
+            continue
+        budget.take(1, size[seq])
+        chosen.append((seq, first, last))
+    return chosen
