@@ -3,8 +3,9 @@
 Deterministic and loss-accounted. Records are grouped into units that are kept or dropped whole (a
 message; a call with its result when it has one), so no result is ever sent without its call nor a
 call without its existing result. Unresolved calls are always kept. The other units are kept newest
-first until the next one does not fit; where a summary covers only omitted records, it is sent in
-their place if it fits. Every record not sent is counted in `omitted` (records and bytes), whether a
+first until the next one does not fit; when the next unit lies in a summary's range and the whole
+range does not fit, the summary is sent in the range's place (if it fits) and the walk goes on below.
+Every record not sent is counted in `omitted` (records and bytes), whether a
 summary stands in for it or not; `summarized` names the ranges that summaries stand in for.
 """
 
@@ -83,40 +84,50 @@ def select_context(
             return invalid_history([(unit[0], "the unresolved calls alone exceed max_records or max_bytes")])
         budget.take(len(unit), cost)
         kept.update(unit)
-    for unit in sorted(others, key=max, reverse=True):
+    summaries = [(seq, r["covers"]["from_seq"], r["covers"]["to_seq"])
+                 for seq, r in reversed(ordered) if r["type"] == "summary"]  # newest first
+    units = sorted(others, key=max, reverse=True)
+    decided: set[int] = set()  # seqs a chosen summary stands in for
+    used: list[tuple[int, int, int]] = []
+    for unit in units:
+        if unit[0] in decided:
+            continue
         cost = sum(size[s] for s in unit)
+        cover = _covering(unit, summaries, used, kept)
+        if cover is not None:
+            inside = [u for u in units if all(cover[1] <= s <= cover[2] for s in u)]
+            whole = [s for u in inside for s in u]
+            if not budget.fits(len(whole), sum(size[s] for s in whole)):
+                if not budget.fits(1, size[cover[0]]):
+                    break
+                budget.take(1, size[cover[0]])  # the summary stands in for the whole range
+                used.append(cover)
+                decided.update(whole)
+                continue
         if not budget.fits(len(unit), cost):
-            break  # newest kept first: everything older than this unit is omitted
+            break  # newest kept first: everything older is omitted
         budget.take(len(unit), cost)
         kept.update(unit)
-    stand_ins = _stand_ins(ordered, kept, size, budget)
-    chosen = kept | {seq for seq, _, _ in stand_ins}
+    chosen = kept | {seq for seq, _, _ in used}
     omitted = [s for s, _ in ordered if s not in chosen]
     return Selection(
         sorted(chosen), len(omitted), sum(size[s] for s in omitted),
-        [{"from_seq": first, "to_seq": last} for _, first, last in sorted(stand_ins, key=lambda t: t[1])],
+        [{"from_seq": first, "to_seq": last} for _, first, last in sorted(used, key=lambda t: t[1])],
         unresolved,
     )
 
 
-def _stand_ins(
-    ordered: Sequence[Record], kept: set[int], size: Mapping[int, int], budget: _Budget
-) -> list[tuple[int, int, int]]:
-    """Summaries (seq, from, to), newest first, that cover only omitted records, overlap no other
-    chosen summary, and fit what is left of the budget."""
-    authoritative = [seq for seq, record in ordered if record["type"] != "summary"]
-    chosen: list[tuple[int, int, int]] = []
-    for seq, record in sorted(ordered, key=lambda r: r[0], reverse=True):
-        if record["type"] != "summary":
+def _covering(
+    unit: list[int], summaries: list[tuple[int, int, int]], used: list[tuple[int, int, int]], kept: set[int]
+) -> tuple[int, int, int] | None:
+    """The newest summary whose range holds the unit, overlaps no chosen summary and no kept record."""
+    for summary in summaries:
+        _, first, last = summary
+        if not all(first <= s <= last for s in unit):
             continue
-        first, last = record["covers"]["from_seq"], record["covers"]["to_seq"]
-        covered = [s for s in authoritative if first <= s <= last]
-        if not covered or any(s in kept for s in covered):
+        if any(first <= other_last and other_first <= last for _, other_first, other_last in used):
             continue
-        if any(first <= other_last and other_first <= last for _, other_first, other_last in chosen):
+        if any(first <= s <= last for s in kept):
             continue
-        if not budget.fits(1, size[seq]):
-            continue
-        budget.take(1, size[seq])
-        chosen.append((seq, first, last))
-    return chosen
+        return summary
+    return None
