@@ -27,19 +27,36 @@ def assistant(content: str) -> dict[str, Any]:
     return {"type": "message", "role": "assistant", "content": content}
 
 
-def call(call_id: str, name: str = "measure", operation_id: str | None = None, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_call", "call_id": call_id, "name": name, "arguments": arguments,
-            "operation_id": operation_id}
+def call(
+    call_id: str, name: str = "measure", operation_id: str | None = None, **arguments: Any
+) -> dict[str, Any]:
+    return {
+        "type": "tool_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "operation_id": operation_id,
+    }
 
 
 def result(call_id: str, name: str = "measure", output: Any = None, is_error: bool = False) -> dict[str, Any]:
-    return {"type": "tool_result", "call_id": call_id, "name": name,
-            "output": {"value": 1} if output is None else output, "is_error": is_error}
+    return {
+        "type": "tool_result",
+        "call_id": call_id,
+        "name": name,
+        "output": {"value": 1} if output is None else output,
+        "is_error": is_error,
+    }
 
 
 def summary(first: int, last: int, content: str = "earlier turns") -> dict[str, Any]:
-    return {"type": "summary", "covers": {"from_seq": first, "to_seq": last}, "content": content,
-            "summarizer": "test-summarizer/1", "omissions": []}
+    return {
+        "type": "summary",
+        "covers": {"from_seq": first, "to_seq": last},
+        "content": content,
+        "summarizer": "test-summarizer/1",
+        "omissions": [],
+    }
 
 
 async def new_session(client: httpx.AsyncClient, caller: dict[str, str] = WRITER, **body: Any) -> str:
@@ -50,15 +67,20 @@ async def new_session(client: httpx.AsyncClient, caller: dict[str, str] = WRITER
 
 
 async def append(
-    client: httpx.AsyncClient, session_id: str, revision: int, records: list[dict[str, Any]],
-    caller: dict[str, str] = WRITER, **extra: Any,
+    client: httpx.AsyncClient,
+    session_id: str,
+    revision: int,
+    records: list[dict[str, Any]],
+    caller: dict[str, str] = WRITER,
+    **extra: Any,
 ) -> httpx.Response:
     """POST a batch at an expected revision."""
     body = {"expected_revision": revision, "records": records, **extra}
     return await client.post(f"/v1/sessions/{session_id}/records", json=body, headers=who(caller))
 
 
-async def read(client: httpx.AsyncClient, session_id: str, caller: dict[str, str] = WRITER,
-               path: str = "", **params: Any) -> httpx.Response:
+async def read(
+    client: httpx.AsyncClient, session_id: str, caller: dict[str, str] = WRITER, path: str = "", **params: Any
+) -> httpx.Response:
     """GET the session (or one of its views: path "/projection", "/context")."""
     return await client.get(f"/v1/sessions/{session_id}{path}", params=params, headers=who(caller))

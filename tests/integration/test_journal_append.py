@@ -43,14 +43,17 @@ async def test_create_answers_201_with_a_random_id_at_revision_0(client: httpx.A
     assert snap["labels"] == {"task": "northstar"} and snap["records"] == [] and snap["revision"] == 0
 
 
-@pytest.mark.parametrize("body", [{"labels": {f"k{i}": "v" for i in range(17)}}, {"owner": "x"},
-                                  {"labels": {"k": 1}}])
+@pytest.mark.parametrize(
+    "body", [{"labels": {f"k{i}": "v" for i in range(17)}}, {"owner": "x"}, {"labels": {"k": 1}}]
+)
 async def test_create_refuses_bad_bodies(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
     r = await client.post("/v1/sessions", json=body, headers=who(WRITER))
     assert r.status_code == 422 and r.json()["code"] == "validation_failed"
 
 
-async def test_append_numbers_records_and_advances_the_revision_by_the_batch(client: httpx.AsyncClient) -> None:
+async def test_append_numbers_records_and_advances_the_revision_by_the_batch(
+    client: httpx.AsyncClient,
+) -> None:
     sid = await new_session(client)
     r = await append(client, sid, 0, [user(), call("c1", operation_id="m-a", sensor="A")])
     assert r.status_code == 200 and r.json() == {"session_id": sid, "revision": 2}
@@ -59,8 +62,14 @@ async def test_append_numbers_records_and_advances_the_revision_by_the_batch(cli
     snap = (await read(client, sid)).json()
     assert snap["revision"] == 3 and [rec["seq"] for rec in snap["records"]] == [1, 2, 3]
     first = snap["records"][0]
-    assert first == {"seq": 1, "at": first["at"], "type": "message", "role": "user",
-                     "content": "compare prototypes A and B", "schema": 1}
+    assert first == {
+        "seq": 1,
+        "at": first["at"],
+        "type": "message",
+        "role": "user",
+        "content": "compare prototypes A and B",
+        "schema": 1,
+    }
     assert snap["records"][2]["is_error"] is False  # the default is stored
     later = (await read(client, sid, after_seq=2)).json()
     assert [rec["seq"] for rec in later["records"]] == [3]
@@ -75,7 +84,9 @@ async def test_a_stale_expected_revision_is_a_409_carrying_the_current_one(clien
     assert (await read(client, sid)).json()["revision"] == 2
 
 
-async def test_the_same_batch_with_the_same_nonce_is_replayed_not_stored_twice(client: httpx.AsyncClient) -> None:
+async def test_the_same_batch_with_the_same_nonce_is_replayed_not_stored_twice(
+    client: httpx.AsyncClient,
+) -> None:
     sid = await new_session(client)
     batch = [user(), call("c1")]
     first = await append(client, sid, 0, batch, client_nonce=NONCE)
@@ -94,25 +105,51 @@ async def test_the_same_batch_with_the_same_nonce_is_replayed_not_stored_twice(c
 
 
 CAUSAL_CASES = [
-    ("message while a call is unresolved", [user(), call("c1"), assistant("x")], 2,
-     "a message may not follow while a call is unresolved"),
+    (
+        "message while a call is unresolved",
+        [user(), call("c1"), assistant("x")],
+        2,
+        "a message may not follow while a call is unresolved",
+    ),
     ("result for no call", [user(), result("c1")], 1, "no pending call has this call_id"),
-    ("result with another name", [user(), call("c1"), result("c1", name="other")], 2,
-     "the pending call with this call_id has another name"),
-    ("second result for one call", [user(), call("c1"), result("c1"), result("c1")], 3,
-     "no pending call has this call_id"),
-    ("repeated call_id", [user(), call("c1"), result("c1"), call("c1")], 3,
-     "call_id is already used in this session"),
+    (
+        "result with another name",
+        [user(), call("c1"), result("c1", name="other")],
+        2,
+        "the pending call with this call_id has another name",
+    ),
+    (
+        "second result for one call",
+        [user(), call("c1"), result("c1"), result("c1")],
+        3,
+        "no pending call has this call_id",
+    ),
+    (
+        "repeated call_id",
+        [user(), call("c1"), result("c1"), call("c1")],
+        3,
+        "call_id is already used in this session",
+    ),
     ("summary of a future seq", [user(), summary(1, 2)], 1, "covers a seq that does not exist yet"),
-    ("summary backwards", [user(), assistant("a"), summary(2, 1)], 2, "covers.from_seq is after covers.to_seq"),
-    ("summary splitting call and result", [user(), call("c1"), result("c1"), summary(1, 2)], 3,
-     "splits a call from its result"),
+    (
+        "summary backwards",
+        [user(), assistant("a"), summary(2, 1)],
+        2,
+        "covers.from_seq is after covers.to_seq",
+    ),
+    (
+        "summary splitting call and result",
+        [user(), call("c1"), result("c1"), summary(1, 2)],
+        3,
+        "splits a call from its result",
+    ),
     ("summary over an unresolved call", [user(), call("c1"), summary(1, 2)], 2, "covers an unresolved call"),
 ]
 
 
-@pytest.mark.parametrize(("records", "index", "problem"), [c[1:] for c in CAUSAL_CASES],
-                         ids=[c[0] for c in CAUSAL_CASES])
+@pytest.mark.parametrize(
+    ("records", "index", "problem"), [c[1:] for c in CAUSAL_CASES], ids=[c[0] for c in CAUSAL_CASES]
+)
 async def test_each_causal_rule_refuses_the_whole_batch(
     client: httpx.AsyncClient, records: list[dict[str, Any]], index: int, problem: str
 ) -> None:
@@ -130,26 +167,45 @@ async def test_causal_rules_span_earlier_batches(client: httpx.AsyncClient) -> N
     assert (await append(client, sid, 0, [user(), call("c1"), call("c2")])).status_code == 200
     r = await append(client, sid, 3, [result("c2"), assistant("too early")])
     assert r.status_code == 422 and r.json()["errors"] == [
-        {"index": 1, "problem": "a message may not follow while a call is unresolved"}]
+        {"index": 1, "problem": "a message may not follow while a call is unresolved"}
+    ]
     ok = await append(client, sid, 3, [result("c2"), result("c1"), assistant("done"), summary(2, 5)])
     assert ok.status_code == 200 and ok.json()["revision"] == 7
     again = await append(client, sid, 7, [call("c2")])
     assert again.json()["errors"] == [{"index": 0, "problem": "call_id is already used in this session"}]
 
 
-@pytest.mark.parametrize(("record", "field"), [
-    ({"type": "message", "role": "system", "content": "be nice"}, "records[0].role"),
-    ({"type": "message", "role": "tool", "content": "x"}, "records[0].role"),
-    ({"type": "message", "role": "user", "content": "x", "name": "n"}, "records[0].name"),
-    ({"type": "thought", "content": "x"}, "records[0].type"),
-    ({"type": "tool_call", "call_id": "c", "name": "m", "arguments": {}, "operation_id": "bad id"},
-     "records[0].operation_id"),
-    ({"type": "tool_result", "call_id": "c", "name": "m", "output": 1, "is_error": "no"}, "records[0].is_error"),
-    ({"type": "summary", "covers": {"from_seq": 1, "to_seq": 1, "x": 1}, "content": "s", "summarizer": "z",
-      "omissions": []}, "records[0].covers.x"),
-    ({"type": "message", "role": "user", "content": "x", "schema": 0}, "records[0].schema"),
-])
-async def test_the_record_profile_is_strict(client: httpx.AsyncClient, record: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"type": "message", "role": "system", "content": "be nice"}, "records[0].role"),
+        ({"type": "message", "role": "tool", "content": "x"}, "records[0].role"),
+        ({"type": "message", "role": "user", "content": "x", "name": "n"}, "records[0].name"),
+        ({"type": "thought", "content": "x"}, "records[0].type"),
+        (
+            {"type": "tool_call", "call_id": "c", "name": "m", "arguments": {}, "operation_id": "bad id"},
+            "records[0].operation_id",
+        ),
+        (
+            {"type": "tool_result", "call_id": "c", "name": "m", "output": 1, "is_error": "no"},
+            "records[0].is_error",
+        ),
+        (
+            {
+                "type": "summary",
+                "covers": {"from_seq": 1, "to_seq": 1, "x": 1},
+                "content": "s",
+                "summarizer": "z",
+                "omissions": [],
+            },
+            "records[0].covers.x",
+        ),
+        ({"type": "message", "role": "user", "content": "x", "schema": 0}, "records[0].schema"),
+    ],
+)
+async def test_the_record_profile_is_strict(
+    client: httpx.AsyncClient, record: dict[str, Any], field: str
+) -> None:
     sid = await new_session(client)
     r = await append(client, sid, 0, [record])
     assert r.status_code == 422, r.text
@@ -157,7 +213,9 @@ async def test_the_record_profile_is_strict(client: httpx.AsyncClient, record: d
 
 
 @pytest.mark.parametrize("records", [[], [user()] * 101])
-async def test_a_batch_holds_1_to_100_records(client: httpx.AsyncClient, records: list[dict[str, Any]]) -> None:
+async def test_a_batch_holds_1_to_100_records(
+    client: httpx.AsyncClient, records: list[dict[str, Any]]
+) -> None:
     sid = await new_session(client)
     r = await append(client, sid, 0, records)
     assert r.status_code == 422 and r.json()["code"] == "validation_failed"
@@ -180,11 +238,13 @@ async def test_caps_per_session_and_per_record(settings: Settings) -> None:
         sid = await new_session(client)
         big = await append(client, sid, 0, [user("x" * 300)])
         assert big.status_code == 422 and big.json()["errors"] == [
-            {"index": 0, "problem": "is larger than 200 bytes in its JCS form"}]
+            {"index": 0, "problem": "is larger than 200 bytes in its JCS form"}
+        ]
         assert (await append(client, sid, 0, [user(), assistant("a"), user("b")])).status_code == 200
         over = await append(client, sid, 3, [assistant("c"), user("d"), assistant("e")])
         assert over.status_code == 422 and over.json()["errors"] == [
-            {"index": 2, "problem": "the session would exceed 5 records"}]
+            {"index": 2, "problem": "the session would exceed 5 records"}
+        ]
         assert (await append(client, sid, 3, [assistant("c"), user("d")])).json()["revision"] == 5
         assert (await read(client, sid)).json()["revision"] == 5
 
@@ -217,8 +277,9 @@ async def test_twelve_concurrent_appends_at_one_revision_exactly_one_wins(servic
         await append(client, sid, 0, [user()])
     clients = [service.client() for _ in range(12)]
     try:
-        answers = await asyncio.gather(*(
-            append(c, sid, 1, [assistant(f"writer {i}"), user(f"next {i}")]) for i, c in enumerate(clients)))
+        answers = await asyncio.gather(
+            *(append(c, sid, 1, [assistant(f"writer {i}"), user(f"next {i}")]) for i, c in enumerate(clients))
+        )
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
     statuses = sorted(a.status_code for a in answers)

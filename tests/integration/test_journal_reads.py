@@ -45,8 +45,14 @@ async def test_ownership_matrix_with_byte_identical_404s(client: httpx.AsyncClie
     assert (await append(client, sid, 1, [assistant("x")], AUDITOR)).status_code == 403
     assert (await client.delete(f"/v1/sessions/{sid}", headers=who(AUDITOR))).status_code == 403
     bodies = set()
-    cases = [(sid, OTHER_PRINCIPAL), (sid, OTHER_TENANT), (missing, WRITER), (deleted, WRITER),
-             ("not-a-session", WRITER), ("ses_short", WRITER)]
+    cases = [
+        (sid, OTHER_PRINCIPAL),
+        (sid, OTHER_TENANT),
+        (missing, WRITER),
+        (deleted, WRITER),
+        ("not-a-session", WRITER),
+        ("ses_short", WRITER),
+    ]
     for target, caller in cases:
         for path in ("", "/projection", "/context"):
             r = await read(client, target, caller, path)
@@ -85,17 +91,26 @@ async def ledger_states(client: httpx.AsyncClient, db_url: str) -> dict[str, str
     await submitted(client, "op-submitted-expired")
     await expire_lease(db_url, "op-submitted-expired")
     return {
-        "c-absent": "op-absent", "c-pending-live": "op-pending-live", "c-pending-expired": "op-pending-expired",
-        "c-submitted-live": "op-submitted-live", "c-submitted-expired": "op-submitted-expired",
-        "c-unknown": "op-unknown", "c-committed": "op-committed", "c-not-applied": "op-not-applied",
+        "c-absent": "op-absent",
+        "c-pending-live": "op-pending-live",
+        "c-pending-expired": "op-pending-expired",
+        "c-submitted-live": "op-submitted-live",
+        "c-submitted-expired": "op-submitted-expired",
+        "c-unknown": "op-unknown",
+        "c-committed": "op-committed",
+        "c-not-applied": "op-not-applied",
     }
 
 
 EXPECTED = {
-    "c-absent": ("absent", "claim_allowed"), "c-pending-live": ("pending", "wait"),
-    "c-pending-expired": ("pending", "claim_allowed"), "c-submitted-live": ("submitted", "wait"),
-    "c-submitted-expired": ("unknown", "reconcile"), "c-unknown": ("unknown", "reconcile"),
-    "c-committed": ("committed", "use_receipt"), "c-not-applied": ("not_applied", "claim_allowed"),
+    "c-absent": ("absent", "claim_allowed"),
+    "c-pending-live": ("pending", "wait"),
+    "c-pending-expired": ("pending", "claim_allowed"),
+    "c-submitted-live": ("submitted", "wait"),
+    "c-submitted-expired": ("unknown", "reconcile"),
+    "c-unknown": ("unknown", "reconcile"),
+    "c-committed": ("committed", "use_receipt"),
+    "c-not-applied": ("not_applied", "claim_allowed"),
 }
 
 
@@ -133,21 +148,36 @@ async def test_projection_resume_for_every_ledger_state_and_the_ledger_stays_unt
     other = await new_session(client, OTHER_TENANT)
     await append(client, other, 0, [user(), call("x", operation_id="op-committed")], OTHER_TENANT)
     seen = (await read(client, other, OTHER_TENANT, "/projection")).json()
-    assert seen["calls"][0]["effect"] == {"status": "absent"} and seen["calls"][0]["resume"] == "claim_allowed"
+    assert (
+        seen["calls"][0]["effect"] == {"status": "absent"} and seen["calls"][0]["resume"] == "claim_allowed"
+    )
 
 
 async def test_projection_of_a_completed_exchange(client: httpx.AsyncClient) -> None:
     await committed(client, "m-a")
     sid = await new_session(client)
-    await append(client, sid, 0, [user(), call("c1", operation_id="m-a"), result("c1", output={"v": 2}),
-                                  assistant("A measures 2")])
+    await append(
+        client,
+        sid,
+        0,
+        [user(), call("c1", operation_id="m-a"), result("c1", output={"v": 2}), assistant("A measures 2")],
+    )
     p = (await read(client, sid, path="/projection")).json()
-    assert p["messages"] == [{"seq": 1, "role": "user", "content": "compare prototypes A and B"},
-                             {"seq": 4, "role": "assistant", "content": "A measures 2"}]
+    assert p["messages"] == [
+        {"seq": 1, "role": "user", "content": "compare prototypes A and B"},
+        {"seq": 4, "role": "assistant", "content": "A measures 2"},
+    ]
     [c] = p["calls"]
     assert {k: v for k, v in c.items() if k != "effect"} == {
-        "call_id": "c1", "name": "measure", "seq": 2, "operation_id": "m-a", "state": "resolved",
-        "result_seq": 3, "is_error": False, "resume": "none"}
+        "call_id": "c1",
+        "name": "measure",
+        "seq": 2,
+        "operation_id": "m-a",
+        "state": "resolved",
+        "result_seq": 3,
+        "is_error": False,
+        "resume": "none",
+    }
     assert c["effect"]["status"] == "committed" and p["unresolved"] == []
     # the digest covers messages and calls only, never the ledger's current answer
     await append(client, sid, 4, [user("next")])
@@ -156,8 +186,15 @@ async def test_projection_of_a_completed_exchange(client: httpx.AsyncClient) -> 
 
 async def test_context_selection_through_the_endpoint(client: httpx.AsyncClient) -> None:
     sid = await new_session(client)
-    records = [user("u1"), call("c1"), result("c1"), assistant("a1"), summary(1, 4, "s"), user("u2"),
-               call("c2")]
+    records = [
+        user("u1"),
+        call("c1"),
+        result("c1"),
+        assistant("a1"),
+        summary(1, 4, "s"),
+        user("u2"),
+        call("c2"),
+    ]
     assert (await append(client, sid, 0, records)).status_code == 200
     everything = (await read(client, sid, path="/context")).json()
     assert [r["seq"] for r in everything["records"]] == [1, 2, 3, 4, 6, 7]
@@ -193,8 +230,9 @@ async def test_retention_purges_idle_sessions_with_their_records(
     for sid in (idle, fresh):
         await append(client, sid, 0, [user(), assistant("a")])
     async with owner(db_url) as conn:
-        await conn.execute("UPDATE journal.sessions SET updated_at = now() - interval '91 days'"
-                           " WHERE session_id = $1", idle)
+        await conn.execute(
+            "UPDATE journal.sessions SET updated_at = now() - interval '91 days' WHERE session_id = $1", idle
+        )
     result_ = await purge(settings)
     assert result_.counts["journal_sessions"] == 1
     assert (await read(client, idle)).status_code == 404
@@ -208,8 +246,11 @@ async def test_metrics_count_outcomes_and_logs_never_carry_content(
 ) -> None:
     capsys.readouterr()
     sid = await new_session(client)
-    secret = [user(SECRET_CONTENT), call("c1", "measure", None, probe=SECRET_CONTENT),
-              result("c1", output={"v": SECRET_CONTENT})]
+    secret = [
+        user(SECRET_CONTENT),
+        call("c1", "measure", None, probe=SECRET_CONTENT),
+        result("c1", output={"v": SECRET_CONTENT}),
+    ]
     await append(client, sid, 0, secret)
     await append(client, sid, 0, [assistant(SECRET_CONTENT)])  # conflict
     await append(client, sid, 3, [result("c9", output=SECRET_CONTENT)])  # causal rejection
@@ -223,15 +264,34 @@ async def test_metrics_count_outcomes_and_logs_never_carry_content(
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     journal = [line for line in lines if str(line.get("event", "")).startswith("journal_")]
     assert [line["event"] for line in journal] == [
-        "journal_create", "journal_append", "journal_append", "journal_append", "journal_append",
-        "journal_append", "journal_load", "journal_projection", "journal_context", "journal_delete"]
+        "journal_create",
+        "journal_append",
+        "journal_append",
+        "journal_append",
+        "journal_append",
+        "journal_append",
+        "journal_load",
+        "journal_projection",
+        "journal_context",
+        "journal_delete",
+    ]
     assert [line["outcome"] for line in journal[1:6]] == [
-        "ok", "revision_conflict", "invalid_history", "unsupported_schema", "ok"]
+        "ok",
+        "revision_conflict",
+        "invalid_history",
+        "unsupported_schema",
+        "ok",
+    ]
     assert all(line["session_id"] == sid for line in journal)
     projection = journal[7]
     assert projection["reducer"] == "effect-ledger.projection/1" and projection["revision"] == 4
     text = (await client.get("/metrics")).text
-    for outcome, n in (("ok", 2), ("revision_conflict", 1), ("invalid_history", 1), ("unsupported_schema", 1)):
+    for outcome, n in (
+        ("ok", 2),
+        ("revision_conflict", 1),
+        ("invalid_history", 1),
+        ("unsupported_schema", 1),
+    ):
         assert f'effect_ledger_journal_calls_total{{call="append",outcome="{outcome}"}} {n}.0' in text
     assert "effect_ledger_journal_summaries_appended_total 1.0" in text
     assert 'effect_ledger_journal_calls_total{call="projection",outcome="ok"} 1.0' in text

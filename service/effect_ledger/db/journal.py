@@ -83,13 +83,25 @@ async def append(
 
 
 async def _store(
-    conn: asyncpg.Connection, tenant: str, session_id: str, accepted: Accepted, nonce_hash: bytes | None,
+    conn: asyncpg.Connection,
+    tenant: str,
+    session_id: str,
+    accepted: Accepted,
+    nonce_hash: bytes | None,
     now: datetime,
 ) -> None:
     stored = await conn.fetch(
-        sql("journal_append"), tenant, session_id, accepted.base_revision, accepted.revision,
-        calls_to_json(accepted.calls), nonce_hash, accepted.digest, now,
-        list(accepted.records), [r["schema"] for r in accepted.records],
+        sql("journal_append"),
+        tenant,
+        session_id,
+        accepted.base_revision,
+        accepted.revision,
+        calls_to_json(accepted.calls),
+        nonce_hash,
+        accepted.digest,
+        now,
+        list(accepted.records),
+        [r["schema"] for r in accepted.records],
     )
     if len(stored) != len(accepted.records):  # the row lock makes this unreachable; never half-store
         raise LedgerError("internal", "The journal append did not store its whole batch.")
@@ -103,8 +115,14 @@ async def _snapshot(
         raise not_found(SESSION)
     records = await conn.fetch(sql("journal_read_records"), tenant, session_id, after_seq)
     return SessionSnapshot(
-        row["session_id"], row["principal"], row["revision"], row["schema"], row["labels"],
-        row["created_at"], row["updated_at"], [(r["seq"], r["accepted_at"], r["record"]) for r in records],
+        row["session_id"],
+        row["principal"],
+        row["revision"],
+        row["schema"],
+        row["labels"],
+        row["created_at"],
+        row["updated_at"],
+        [(r["seq"], r["accepted_at"], r["record"]) for r in records],
     )
 
 
@@ -113,7 +131,8 @@ async def read_session(
 ) -> SessionSnapshot:
     """The session and its records after `after_seq`, from one snapshot; principal None: any owner."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "journal_read", snapshot=True) as (
-        conn, _,
+        conn,
+        _,
     ):
         return await _snapshot(conn, tenant, session_id, principal, after_seq)
 

@@ -84,8 +84,11 @@ def select_context(
             return invalid_history([(unit[0], "the unresolved calls alone exceed max_records or max_bytes")])
         budget.take(len(unit), cost)
         kept.update(unit)
-    summaries = [(seq, r["covers"]["from_seq"], r["covers"]["to_seq"])
-                 for seq, r in reversed(ordered) if r["type"] == "summary"]  # newest first
+    summaries = [
+        (seq, r["covers"]["from_seq"], r["covers"]["to_seq"])
+        for seq, r in reversed(ordered)
+        if r["type"] == "summary"
+    ]  # newest first
     units = sorted(others, key=max, reverse=True)
     decided: set[int] = set()  # seqs a chosen summary stands in for
     used: list[tuple[int, int, int]] = []
@@ -111,7 +114,9 @@ def select_context(
     chosen = kept | {seq for seq, _, _ in used}
     omitted = [s for s, _ in ordered if s not in chosen]
     return Selection(
-        sorted(chosen), len(omitted), sum(size[s] for s in omitted),
+        sorted(chosen),
+        len(omitted),
+        sum(size[s] for s in omitted),
         [{"from_seq": first, "to_seq": last} for _, first, last in sorted(used, key=lambda t: t[1])],
         unresolved,
     )

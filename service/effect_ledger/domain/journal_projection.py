@@ -44,8 +44,12 @@ def reduce_records(records: Sequence[AccessedRecord]) -> Projection:
             messages.append({"seq": seq, "role": record["role"], "content": record["content"]})
         elif kind == "tool_call":
             calls[record["call_id"]] = {
-                "call_id": record["call_id"], "name": record["name"], "seq": seq,
-                "operation_id": record.get("operation_id"), "state": "unresolved", "result_seq": None,
+                "call_id": record["call_id"],
+                "name": record["name"],
+                "seq": seq,
+                "operation_id": record.get("operation_id"),
+                "state": "unresolved",
+                "result_seq": None,
                 "is_error": None,
             }
         elif kind == "tool_result" and record["call_id"] in calls:

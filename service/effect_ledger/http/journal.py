@@ -118,10 +118,15 @@ class JournalController(Controller):
         caller = caller_of(request)
         session_id = "ses_" + secrets.token_urlsafe(18)  # 144 random bits, chosen by the service
         async with _metrics(request).observe("create", session_id=session_id, revision=0):
-            row = await repo.create_session(ledger_of(request), caller.tenant, caller.principal, session_id,
-                                            body.labels)
-        answer = {"session_id": row["session_id"], "revision": row["revision"], "schema": row["schema"],
-                  "created_at": format_ts(row["created_at"])}
+            row = await repo.create_session(
+                ledger_of(request), caller.tenant, caller.principal, session_id, body.labels
+            )
+        answer = {
+            "session_id": row["session_id"],
+            "revision": row["revision"],
+            "schema": row["schema"],
+            "created_at": format_ts(row["created_at"]),
+        }
         return Response(answer, status_code=201, headers={"Location": f"/v1/sessions/{session_id}"})
 
     @post(SESSION_PATH + "/records", guards=[requires(JOURNAL_WRITE)], status_code=200)
@@ -135,26 +140,32 @@ class JournalController(Controller):
             caller = caller_of(request)
             records = [stored_form(r) for r in body.records]
             cmd = AppendCommand(
-                body.expected_revision, records,
+                body.expected_revision,
+                records,
                 None if body.client_nonce is None else nonce_hash(body.client_nonce),
             )
             line.update(expected_revision=body.expected_revision, records=len(records))
-            decision = await repo.append(ledger_of(request), caller.tenant, caller.principal, sid, cmd,
-                                         _caps(request))
+            decision = await repo.append(
+                ledger_of(request), caller.tenant, caller.principal, sid, cmd, _caps(request)
+            )
             if isinstance(decision, LedgerError):
                 raise decision
             line["revision"] = decision.revision
             if isinstance(decision, Replayed):
                 line["outcome"] = "replayed"
-                return Response({"session_id": sid, "revision": decision.revision},
-                                headers={"Idempotent-Replayed": "true"})
+                return Response(
+                    {"session_id": sid, "revision": decision.revision},
+                    headers={"Idempotent-Replayed": "true"},
+                )
             if decision.summaries:
                 _metrics(request).summaries.inc(decision.summaries)
         return Response({"session_id": sid, "revision": decision.revision})
 
     @get(SESSION_PATH, guards=[requires(JOURNAL_READ, AUDIT)])
     async def read(
-        self, request: Request[Any, Any, Any], session_id: FromPath[str],
+        self,
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
         after_seq: FromQuery[str | None] = None,
     ) -> Response[Any]:
         """The session and its records after `after_seq`, from one consistent snapshot."""
@@ -163,15 +174,21 @@ class JournalController(Controller):
             q = QueryProblems(request, ("after_seq",))
             after = _optional_int(q, "after_seq", after_seq, 0)
             q.check()
-            snap = await repo.read_session(ledger_of(request), caller_of(request).tenant, sid,
-                                           _reader(caller_of(request)), after or 0)
+            snap = await repo.read_session(
+                ledger_of(request), caller_of(request).tenant, sid, _reader(caller_of(request)), after or 0
+            )
             line.update(revision=snap.revision, records=len(snap.records))
-        return Response({
-            "session_id": snap.session_id, "revision": snap.revision, "schema": snap.schema,
-            "labels": snap.labels, "created_at": format_ts(snap.created_at),
-            "updated_at": format_ts(snap.updated_at),
-            "records": [record_view(seq, at, record) for seq, at, record in snap.records],
-        })
+        return Response(
+            {
+                "session_id": snap.session_id,
+                "revision": snap.revision,
+                "schema": snap.schema,
+                "labels": snap.labels,
+                "created_at": format_ts(snap.created_at),
+                "updated_at": format_ts(snap.updated_at),
+                "records": [record_view(seq, at, record) for seq, at, record in snap.records],
+            }
+        )
 
     @get(SESSION_PATH + "/projection", guards=[requires(JOURNAL_READ, AUDIT)])
     async def projection(self, request: Request[Any, Any, Any], session_id: FromPath[str]) -> Response[Any]:
@@ -180,20 +197,31 @@ class JournalController(Controller):
         async with metrics.observe("projection", reducer=REDUCER) as line:
             line["session_id"] = sid = _session_id(session_id)
             caller = caller_of(request)
-            snap, operations = await repo.read_with_effects(ledger_of(request), caller.tenant, sid,
-                                                            _reader(caller))
+            snap, operations = await repo.read_with_effects(
+                ledger_of(request), caller.tenant, sid, _reader(caller)
+            )
             view = reduce_records([(seq, record) for seq, _, record in snap.records])
             metrics.unresolved.inc(len(view.unresolved))
             line.update(revision=snap.revision, unresolved=len(view.unresolved), digest=view.digest)
-        return Response({
-            "session_id": sid, "revision": snap.revision, "reducer": REDUCER, "digest": view.digest,
-            "messages": view.messages, "calls": with_effects(view, operations), "unresolved": view.unresolved,
-        })
+        return Response(
+            {
+                "session_id": sid,
+                "revision": snap.revision,
+                "reducer": REDUCER,
+                "digest": view.digest,
+                "messages": view.messages,
+                "calls": with_effects(view, operations),
+                "unresolved": view.unresolved,
+            }
+        )
 
     @get(SESSION_PATH + "/context", guards=[requires(JOURNAL_READ, AUDIT)])
     async def context(
-        self, request: Request[Any, Any, Any], session_id: FromPath[str],
-        max_records: FromQuery[str | None] = None, max_bytes: FromQuery[str | None] = None,
+        self,
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        max_records: FromQuery[str | None] = None,
+        max_bytes: FromQuery[str | None] = None,
     ) -> Response[Any]:
         """The records to send with a new model request, selected under the bounds, losses counted."""
         metrics = _metrics(request)
@@ -210,15 +238,19 @@ class JournalController(Controller):
             if isinstance(chosen, LedgerError):
                 raise chosen
             metrics.omitted.inc(chosen.omitted_records)
-            line.update(kept=len(chosen.seqs), omitted=chosen.omitted_records,
-                        summarized=len(chosen.summarized))
+            line.update(
+                kept=len(chosen.seqs), omitted=chosen.omitted_records, summarized=len(chosen.summarized)
+            )
         wanted = set(chosen.seqs)
-        return Response({
-            "revision": snap.revision,
-            "records": [record_view(seq, at, r) for seq, at, r in snap.records if seq in wanted],
-            "omitted": {"records": chosen.omitted_records, "bytes": chosen.omitted_bytes},
-            "summarized": chosen.summarized, "unresolved": chosen.unresolved,
-        })
+        return Response(
+            {
+                "revision": snap.revision,
+                "records": [record_view(seq, at, r) for seq, at, r in snap.records if seq in wanted],
+                "omitted": {"records": chosen.omitted_records, "bytes": chosen.omitted_bytes},
+                "summarized": chosen.summarized,
+                "unresolved": chosen.unresolved,
+            }
+        )
 
     @delete(SESSION_PATH, guards=[requires(JOURNAL_WRITE)], status_code=204)
     async def remove(self, request: Request[Any, Any, Any], session_id: FromPath[str]) -> None:
@@ -227,4 +259,3 @@ class JournalController(Controller):
             line["session_id"] = sid = _session_id(session_id)
             caller = caller_of(request)
             await repo.delete_session(ledger_of(request), caller.tenant, caller.principal, sid)
-

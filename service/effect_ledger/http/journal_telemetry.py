@@ -27,17 +27,24 @@ class JournalMetrics:
             "effect_ledger_journal_calls",
             "Journal calls answered, by call and outcome (ok, replayed, or the problem code: "
             "revision_conflict, invalid_history, unsupported_schema, not_found...).",
-            ["call", "outcome"], registry=registry)
+            ["call", "outcome"],
+            registry=registry,
+        )
         self.omitted = Counter(
             "effect_ledger_journal_context_omitted_records",
             "Records left out of context selections (counted in each answer's `omitted`).",
-            registry=registry)
+            registry=registry,
+        )
         self.unresolved = Counter(
             "effect_ledger_journal_unresolved_calls_seen",
-            "Unresolved calls seen by projections.", registry=registry)
+            "Unresolved calls seen by projections.",
+            registry=registry,
+        )
         self.summaries = Counter(
-            "effect_ledger_journal_summaries_appended", "Summary (compaction) records accepted.",
-            registry=registry)
+            "effect_ledger_journal_summaries_appended",
+            "Summary (compaction) records accepted.",
+            registry=registry,
+        )
         for call in CALLS:  # every call has a series from the start, so rates never lack one
             self.calls.labels(call, "ok")
 
