@@ -32,6 +32,7 @@ from effect_ledger.domain.timefmt import format_ts
 
 if TYPE_CHECKING:
     from effect_ledger.client.executor import Effect
+    from effect_ledger.client.journal import Journal
     from effect_ledger.client.reconciler import Lookup, ReconcileReport
 
 T = TypeVar("T")
@@ -230,6 +231,13 @@ class LedgerClient:
         if intent_digest is not None:
             claim_body["intent_digest"] = intent_digest
         return Effect(self, operation_id, claim_body)
+
+    @property
+    def journal(self) -> Journal:
+        """The run journal's calls (API.md section 12) over this client (see client/journal.py)."""
+        from effect_ledger.client.journal import Journal
+
+        return Journal(self)
 
     # -- reconciler calls (API.md section 7) ------------------------------------------------
 
