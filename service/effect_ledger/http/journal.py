@@ -77,7 +77,8 @@ def _caps(request: Request[Any, Any, Any]) -> Caps:
 
 def record_view(seq: int, at: Any, record: dict[str, Any]) -> dict[str, Any]:
     """A stored record as the API shows it: seq and acceptance time, then the record's members."""
-    return {"seq": seq, "at": format_ts(at), **record}
+    # jsonb keeps keys in its own order; the view leads with the record's type again
+    return {"seq": seq, "at": format_ts(at), "type": record["type"], **record}
 
 
 def _decode_append(raw: bytes) -> AppendBody:
