@@ -80,8 +80,11 @@ CREATE POLICY maintenance ON journal.records TO CURRENT_USER
 GRANT USAGE ON SCHEMA journal TO effect_ledger_runtime;
 GRANT SELECT, INSERT, UPDATE, DELETE ON journal.sessions TO effect_ledger_runtime;
 GRANT SELECT, INSERT ON journal.records TO effect_ledger_runtime;
+"""
 
--- Citus: distribute by tenant_id, co-located with ledger.operations (0003), parents first.
+DISTRIBUTE = r"""
+-- Citus: distribute by tenant_id, co-located with ledger.operations (0003), parents first; the role
+-- settings 0003 made (citus.propagate_set_commands) already cover these tables.
 DO $$
 DECLARE
     tables constant text[] := ARRAY['journal.sessions', 'journal.records'];
@@ -103,7 +106,8 @@ $$;
 
 def upgrade() -> None:
     """Create the journal schema: sessions, records, row-level security, grants, Citus distribution."""
-    execute_script(JOURNAL)
+    for script in (JOURNAL, DISTRIBUTE):
+        execute_script(script)
 
 
 def downgrade() -> None:
