@@ -102,3 +102,19 @@ def with_effects(projection: Projection, operations: Mapping[str, Operation]) ->
         effect = None if op_id is None else effect_of(operation)
         joined.append({**call, "effect": effect, "resume": resume_for(call["state"], op_id, operation)})
     return joined
+
+
+def projection_view(
+    session_id: str, revision: int, records: Sequence[AccessedRecord], operations: Mapping[str, Operation]
+) -> dict[str, Any]:
+    """The whole answer of GET /v1/sessions/{id}/projection (the console shows the same)."""
+    view = reduce_records(records)
+    return {
+        "session_id": session_id,
+        "revision": revision,
+        "reducer": REDUCER,
+        "digest": view.digest,
+        "messages": view.messages,
+        "calls": with_effects(view, operations),
+        "unresolved": view.unresolved,
+    }

@@ -18,7 +18,7 @@ from effect_ledger.db import journal as repo
 from effect_ledger.domain.errors import LedgerError, not_found, unsupported_schema
 from effect_ledger.domain.journal_context import select_context
 from effect_ledger.domain.journal_history import AppendCommand, Caps, Replayed
-from effect_ledger.domain.journal_projection import REDUCER, reduce_records, with_effects
+from effect_ledger.domain.journal_projection import REDUCER, projection_view
 from effect_ledger.domain.journal_records import (
     NEWEST_SCHEMA,
     AppendBody,
@@ -201,20 +201,10 @@ class JournalController(Controller):
             snap, operations = await repo.read_with_effects(
                 ledger_of(request), caller.tenant, sid, _reader(caller)
             )
-            view = reduce_records([(seq, record) for seq, _, record in snap.records])
-            metrics.unresolved.inc(len(view.unresolved))
-            line.update(revision=snap.revision, unresolved=len(view.unresolved), digest=view.digest)
-        return Response(
-            {
-                "session_id": sid,
-                "revision": snap.revision,
-                "reducer": REDUCER,
-                "digest": view.digest,
-                "messages": view.messages,
-                "calls": with_effects(view, operations),
-                "unresolved": view.unresolved,
-            }
-        )
+            answer = projection_view(sid, snap.revision, [(seq, r) for seq, _, r in snap.records], operations)
+            metrics.unresolved.inc(len(answer["unresolved"]))
+            line.update(revision=snap.revision, unresolved=len(answer["unresolved"]), digest=answer["digest"])
+        return Response(answer)
 
     @get(SESSION_PATH + "/context", guards=[requires(JOURNAL_READ, AUDIT)])
     async def context(
