@@ -7,6 +7,8 @@ from typing import Any
 import httpx
 
 from conftest import auth
+from effect_ledger.client.journal import message, tool_call, tool_result
+from effect_ledger.client.journal import summary as summary_record
 
 WRITER = {"tenant": "t1", "sub": "orch-1", "scope": "journal:write journal:read"}
 OTHER_PRINCIPAL = {"tenant": "t1", "sub": "orch-2", "scope": "journal:write journal:read"}
@@ -20,43 +22,25 @@ def who(caller: dict[str, str]) -> dict[str, str]:
 
 
 def user(content: str = "compare prototypes A and B") -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": content}
+    return message("user", content)
 
 
 def assistant(content: str) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "content": content}
+    return message("assistant", content)
 
 
 def call(
     call_id: str, name: str = "measure", operation_id: str | None = None, **arguments: Any
 ) -> dict[str, Any]:
-    return {
-        "type": "tool_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "operation_id": operation_id,
-    }
+    return tool_call(call_id, name, arguments, operation_id)
 
 
 def result(call_id: str, name: str = "measure", output: Any = None, is_error: bool = False) -> dict[str, Any]:
-    return {
-        "type": "tool_result",
-        "call_id": call_id,
-        "name": name,
-        "output": {"value": 1} if output is None else output,
-        "is_error": is_error,
-    }
+    return tool_result(call_id, name, {"value": 1} if output is None else output, is_error=is_error)
 
 
 def summary(first: int, last: int, content: str = "earlier turns") -> dict[str, Any]:
-    return {
-        "type": "summary",
-        "covers": {"from_seq": first, "to_seq": last},
-        "content": content,
-        "summarizer": "test-summarizer/1",
-        "omissions": [],
-    }
+    return summary_record(first, last, content, "test-summarizer/1", [])
 
 
 async def new_session(client: httpx.AsyncClient, caller: dict[str, str] = WRITER, **body: Any) -> str:

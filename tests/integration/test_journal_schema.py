@@ -8,6 +8,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from test_citus_migration import STUBS
 
 from conftest import runtime_connection
 from effect_ledger.db.migrate import migrations_dir
@@ -78,31 +79,14 @@ async def test_runtime_role_sees_only_its_tenant_and_cannot_rewrite_records(db_u
         await runtime.close()
 
 
-STUBS = """
-CREATE TABLE public.pg_dist_partition (logicalrelid regclass PRIMARY KEY, colocate_with text);
-CREATE FUNCTION public.create_distributed_table(
-    table_name regclass, distribution_column text, colocate_with text DEFAULT 'default'
-) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF distribution_column <> 'tenant_id' THEN
-        RAISE EXCEPTION 'distributed by %', distribution_column;
-    END IF;
-    IF current_setting('citus.multi_shard_modify_mode', true) IS DISTINCT FROM 'sequential' THEN
-        RAISE EXCEPTION 'settings missing';
-    END IF;
-    INSERT INTO public.pg_dist_partition VALUES (table_name, colocate_with);
-END
-$$;
-"""
-
-
 async def test_citus_distributes_sessions_then_records_with_the_ledger(db_url: str) -> None:
     script: str = journal_migration().DISTRIBUTE  # type: ignore[attr-defined]
     guard = "IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN"
     assert guard in script
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute(STUBS)
+        await conn.execute(STUBS)  # the stand-ins of the ledger's Citus test, which also want this set:
+        await conn.execute("SET citus.enable_unsafe_triggers = 'on'")
         await conn.execute(script)  # plain PostgreSQL: nothing distributed
         assert await conn.fetchval("SELECT count(*) FROM public.pg_dist_partition") == 0
         for _ in range(2):  # a second run distributes nothing more
