@@ -62,7 +62,9 @@ CREATE TABLE journal.records (
     seq integer NOT NULL,
     record jsonb NOT NULL,
     schema integer NOT NULL,
+    jcs_bytes integer NOT NULL,
     accepted_at timestamp with time zone NOT NULL,
+    CONSTRAINT records_jcs_bytes_check CHECK ((jcs_bytes >= 2)),
     CONSTRAINT records_schema_check CHECK ((schema >= 1)),
     CONSTRAINT records_seq_check CHECK ((seq >= 1))
 );

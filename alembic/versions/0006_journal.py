@@ -51,6 +51,8 @@ CREATE TABLE journal.records (
     seq         integer     NOT NULL CHECK (seq >= 1),
     record      jsonb       NOT NULL,
     schema      integer     NOT NULL CHECK (schema >= 1),
+    -- UTF-8 bytes of the record's JCS form, measured once at append (caps and context budgets)
+    jcs_bytes   integer     NOT NULL CHECK (jcs_bytes >= 2),
     accepted_at timestamptz NOT NULL,
     PRIMARY KEY (tenant_id, session_id, seq),
     -- deleting a session (DELETE or retention) takes its records with it in the same statement

@@ -23,6 +23,7 @@ from effect_ledger.db import journal as repo
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.pools import create_role_pool, tenant_tx
 from effect_ledger.db.urls import RUNTIME_ROLE
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.journal_history import AppendCommand, Caps
 from effect_ledger.settings import Settings
 from effect_ledger_bench.catalogue import sql
@@ -145,6 +146,7 @@ async def _sql_appends(pool: asyncpg.Pool, tenant: str, config: JournalConfig) -
     """The append's statements alone: bind the tenant, lock the session, advance it and insert 5 rows."""
     records = batch()
     schemas = [1] * BATCH
+    sizes = [len(canonical_json(r)) for r in records]  # measured once, as the service does per append
     state = _Writer(1000)
 
     async def new_session() -> str:
@@ -174,6 +176,7 @@ async def _sql_appends(pool: asyncpg.Pool, tenant: str, config: JournalConfig) -
                 now,
                 records,
                 schemas,
+                sizes,
             )
         state.revisions[i] = base + BATCH
         return len(stored) == BATCH

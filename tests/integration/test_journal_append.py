@@ -24,6 +24,7 @@ from journal_flows import (
 from ledger_flows import owner
 
 from conftest import Service
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.settings import Settings
 
 NONCE = "nonce-0123456789abcdef"
@@ -73,6 +74,22 @@ async def test_append_numbers_records_and_advances_the_revision_by_the_batch(
     assert snap["records"][2]["is_error"] is False  # the default is stored
     later = (await read(client, sid, after_seq=2)).json()
     assert [rec["seq"] for rec in later["records"]] == [3]
+
+
+async def test_each_record_keeps_its_jcs_size_as_measured_at_append(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    sid = await new_session(client)
+    await append(client, sid, 0, [user("héllo ✓"), call("c1", operation_id="m-a", value=1.5)])
+    stored = [
+        {k: v for k, v in r.items() if k not in ("seq", "at")}
+        for r in (await read(client, sid)).json()["records"]
+    ]
+    async with owner(db_url) as conn:
+        sizes = [
+            r["jcs_bytes"] for r in await conn.fetch("SELECT jcs_bytes FROM journal.records ORDER BY seq")
+        ]
+    assert sizes == [len(canonical_json(record)) for record in stored]
 
 
 async def test_a_stale_expected_revision_is_a_409_carrying_the_current_one(client: httpx.AsyncClient) -> None:

@@ -18,8 +18,8 @@ SESSION = (
     " VALUES ($1, $2, 'p', now(), now())"
 )
 RECORD = (
-    "INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, accepted_at)"
-    " VALUES ($1, $2, 1, '{}', 1, now())"
+    "INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, jcs_bytes, accepted_at)"
+    " VALUES ($1, $2, 1, '{}', 1, 2, now())"
 )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -10,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from journal_histories import histories
 
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.journal_context import Selection, select_context
-from effect_ledger.domain.journal_projection import REDUCER, reduce_records
+from effect_ledger.domain.journal_projection import REDUCER, projection_jcs, reduce_records
 from effect_ledger.domain.journal_records import record_bytes
 
 Record = tuple[int, dict[str, Any]]
@@ -149,3 +151,51 @@ def test_a_summary_stands_in_for_a_range_that_does_not_fit() -> None:
     assert chosen.omitted_records == 3
     all_fit = select_context(records, 4, None)
     assert isinstance(all_fit, Selection) and all_fit.seqs == [1, 2, 3, 5] and all_fit.summarized == []
+
+
+def test_the_fast_projection_encoding_is_jcs_for_every_code_point() -> None:
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for start in range(0, len(points), 8192):
+        text = "".join(chr(c) for c in points[start : start + 8192])
+        body = {"messages": [{"seq": 1, "role": "user", "content": text}], "calls": []}
+        assert projection_jcs(body) == canonical_json(body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.lists(st.text(), min_size=1, max_size=5), st.booleans())
+def test_the_projection_digest_is_sha256_of_the_jcs_form(
+    records: list[Record], texts: list[str], error: bool
+) -> None:
+    records = [*records]
+    base = len(records)
+    for i, text in enumerate(texts):  # arbitrary text in contents, names and call IDs
+        records.append((base + 3 * i + 1, {"type": "message", "role": "user", "content": text, "schema": 1}))
+        records.append(
+            (
+                base + 3 * i + 2,
+                {
+                    "type": "tool_call",
+                    "call_id": f"{text}-{i}",
+                    "name": text or "n",
+                    "arguments": {},
+                    "operation_id": None,
+                    "schema": 1,
+                },
+            )
+        )
+        records.append(
+            (
+                base + 3 * i + 3,
+                {
+                    "type": "tool_result",
+                    "call_id": f"{text}-{i}",
+                    "name": text or "n",
+                    "output": None,
+                    "is_error": error,
+                    "schema": 1,
+                },
+            )
+        )
+    view = reduce_records(records)
+    body = {"messages": view.messages, "calls": view.calls}
+    assert view.digest == "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()

@@ -45,6 +45,7 @@ class SessionSnapshot:
     created_at: datetime
     updated_at: datetime
     records: list[tuple[int, datetime, dict[str, Any]]]
+    sizes: dict[int, int]  # seq -> the record's JCS bytes, as measured at append
 
 
 async def create_session(
@@ -102,6 +103,7 @@ async def _store(
         now,
         list(accepted.records),
         [r["schema"] for r in accepted.records],
+        list(accepted.sizes),
     )
     if len(stored) != len(accepted.records):  # the row lock makes this unreachable; never half-store
         raise LedgerError("internal", "The journal append did not store its whole batch.")
@@ -123,6 +125,7 @@ async def _snapshot(
         row["created_at"],
         row["updated_at"],
         [(r["seq"], r["accepted_at"], r["record"]) for r in records],
+        {r["seq"]: r["jcs_bytes"] for r in records},
     )
 
 

@@ -323,9 +323,9 @@ WITH advanced AS (
     WHERE tenant_id = $1 AND session_id = $2 AND revision = $3
     RETURNING session_id
 )
-INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, accepted_at)
-SELECT $1, advanced.session_id, $3 + r.ord, r.record, r.schema, $8
-FROM advanced, unnest($9::jsonb[], $10::integer[]) WITH ORDINALITY AS r(record, schema, ord)
+INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, jcs_bytes, accepted_at)
+SELECT $1, advanced.session_id, $3 + r.ord, r.record, r.schema, r.jcs_bytes, $8
+FROM advanced, unnest($9::jsonb[], $10::integer[], $11::integer[]) WITH ORDINALITY AS r(record, schema, jcs_bytes, ord)
 RETURNING seq;
 
 -- name: journal_read_session
@@ -336,7 +336,7 @@ WHERE tenant_id = $1 AND session_id = $2 AND ($3::text IS NULL OR principal = $3
 
 -- name: journal_read_records
 -- The session's records after seq $3, in seq order (read in the session's snapshot).
-SELECT seq, record, accepted_at
+SELECT seq, record, jcs_bytes, accepted_at
 FROM journal.records
 WHERE tenant_id = $1 AND session_id = $2 AND seq > $3
 ORDER BY seq;

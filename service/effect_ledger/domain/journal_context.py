@@ -70,11 +70,16 @@ def _units(records: Sequence[Record]) -> tuple[list[list[int]], list[list[int]],
 
 
 def select_context(
-    records: Sequence[Record], max_records: int | None, max_bytes: int | None
+    records: Sequence[Record],
+    max_records: int | None,
+    max_bytes: int | None,
+    sizes: Mapping[int, int] | None = None,
 ) -> Selection | LedgerError:
-    """Select deterministically under the budget; unresolved calls beyond it alone → invalid_history."""
+    """Select deterministically under the budget; unresolved calls beyond it alone → invalid_history.
+
+    `sizes` (seq -> JCS bytes) as measured at append; absent, they are measured here."""
     ordered = sorted(records, key=lambda r: r[0])
-    size = {seq: record_bytes(dict(record)) for seq, record in ordered}
+    size = dict(sizes) if sizes is not None else {seq: record_bytes(dict(record)) for seq, record in ordered}
     mandatory, others, unresolved = _units(ordered)
     budget = _Budget(max_records, max_bytes)
     kept: set[int] = set()

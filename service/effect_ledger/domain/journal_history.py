@@ -75,6 +75,7 @@ class Accepted:
     calls: Calls
     digest: str
     summaries: int
+    sizes: tuple[int, ...]  # each record's JCS bytes, stored with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,8 @@ def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> Append
         return Replayed(state.revision)
     if cmd.expected_revision != state.revision:
         return revision_conflict(state.revision)
-    errors = cap_errors(state.revision, cmd.records, caps)
+    sizes = canonical_sizes(cmd.records)
+    errors = cap_errors(state.revision, sizes, caps)
     if errors:
         return invalid_history(errors)
     calls = dict(state.calls)
@@ -108,16 +110,17 @@ def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> Append
         return invalid_history(errors)
     summaries = sum(1 for r in cmd.records if r["type"] == "summary")
     revision = state.revision + len(cmd.records)
-    return Accepted(state.revision, revision, tuple(cmd.records), calls, digest, summaries)
+    known = tuple(size for size in sizes if size is not None)  # all of them: cap_errors refused a None
+    return Accepted(state.revision, revision, tuple(cmd.records), calls, digest, summaries, known)
 
 
-def cap_errors(revision: int, records: Sequence[dict[str, Any]], caps: Caps) -> list[tuple[int, str]]:
+def cap_errors(revision: int, sizes: Sequence[int | None], caps: Caps) -> list[tuple[int, str]]:
     """Per-session record count and per-record JCS size; the batch index of each record over a cap."""
     errors: list[tuple[int, str]] = []
     room = caps.max_records - revision
-    if len(records) > room:
+    if len(sizes) > room:
         errors.append((max(room, 0), f"the session would exceed {caps.max_records} records"))
-    for index, size in enumerate(canonical_sizes(records)):
+    for index, size in enumerate(sizes):
         if size is None:
             errors.append((index, "has no canonical JSON form"))
         elif size > caps.max_record_bytes:

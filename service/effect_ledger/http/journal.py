@@ -225,7 +225,8 @@ class JournalController(Controller):
             caller = caller_of(request)
             snap = await repo.read_session(ledger_of(request), caller.tenant, sid, _reader(caller))
             line["revision"] = snap.revision
-            chosen = select_context([(seq, r) for seq, _, r in snap.records], most_records, most_bytes)
+            records = [(seq, r) for seq, _, r in snap.records]
+            chosen = select_context(records, most_records, most_bytes, snap.sizes)
             if isinstance(chosen, LedgerError):
                 raise chosen
             metrics.omitted.inc(chosen.omitted_records)
