@@ -1,8 +1,9 @@
 """8. The run journal: appends of 5-record batches and projections of 1,000-record sessions, through the
 service over HTTP and, for comparison, the same statements on asyncpg alone (no HTTP, auth or domain).
 
-The HTTP load comes from this process (httpx), so on a small machine the generator competes with the
-service for CPU: the notes say so. Each writer appends to its own session (no revision conflicts);
+The HTTP load comes from this process (the bench's minimal keep-alive client, one connection per
+orchestrator), so on a small machine the generator competes with the service for CPU: the notes say so.
+Each writer appends to its own session (no revision conflicts);
 a full session is replaced by a new one outside the measured time.
 """
 
@@ -15,9 +16,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
-import httpx
+import msgspec
 
 from effect_ledger.db import journal as repo
 from effect_ledger.db.ledger import Ledger
@@ -27,6 +29,7 @@ from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.journal_history import AppendCommand, Caps
 from effect_ledger.settings import Settings
 from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.httpclient import HttpConnection
 from effect_ledger_bench.report import Row
 from effect_ledger_bench.stats import LoadResult
 
@@ -116,30 +119,42 @@ class _Writer:
         self.revisions: list[int] = []
 
 
+def _connections(base_url: str, token: str, count: int) -> list[HttpConnection]:
+    """One keep-alive connection per simulated orchestrator (the bench's low-CPU client)."""
+    parts = urlsplit(base_url)
+    assert parts.hostname is not None and parts.port is not None
+    return [HttpConnection(parts.hostname, parts.port, f"Bearer {token}") for _ in range(count)]
+
+
 async def _http_appends(base_url: str, token: str, config: JournalConfig) -> LoadResult:
-    headers = {"Authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=config.writers * 2, max_keepalive_connections=config.writers * 2)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=30) as http:
+    connections = _connections(base_url, token, config.writers)
+    state = _Writer(1000)
+    body_of = msgspec.json.Encoder()
+    records = batch()
 
-        async def new_session() -> str:
-            r = await http.post("/v1/sessions", json={})
-            return str(r.json()["session_id"])
+    async def new_session(i: int) -> str:
+        status, answer = await connections[i].request("POST", "/v1/sessions", b"{}")
+        assert status == 201, status
+        return str(msgspec.json.decode(answer)["session_id"])
 
-        state = _Writer(1000)
-        state.sessions = list(await asyncio.gather(*(new_session() for _ in range(config.writers))))
+    try:
+        state.sessions = [await new_session(i) for i in range(config.writers)]
         state.revisions = [0] * config.writers
-        records = batch()
 
         async def step(i: int) -> bool:
             if state.revisions[i] + BATCH > state.limit:
-                state.sessions[i], state.revisions[i] = await new_session(), 0
-            body = {"expected_revision": state.revisions[i], "records": records}
-            r = await http.post(f"/v1/sessions/{state.sessions[i]}/records", json=body)
-            if r.status_code == 200:
-                state.revisions[i] = r.json()["revision"]
-            return r.status_code == 200
+                state.sessions[i], state.revisions[i] = await new_session(i), 0
+            body = body_of.encode({"expected_revision": state.revisions[i], "records": records})
+            status, answer = await connections[i].request(
+                "POST", f"/v1/sessions/{state.sessions[i]}/records", body
+            )
+            if status == 200:
+                state.revisions[i] = msgspec.json.decode(answer)["revision"]
+            return status == 200
 
         return await timed(config.writers, config.warmup, config.duration, step, "append")
+    finally:
+        await asyncio.gather(*(c.close() for c in connections))
 
 
 async def _sql_appends(pool: asyncpg.Pool, tenant: str, config: JournalConfig) -> LoadResult:
@@ -204,16 +219,19 @@ async def _seed_sessions(pool: asyncpg.Pool, tenant: str, config: JournalConfig)
 async def _http_projections(
     base_url: str, token: str, sessions: list[str], config: JournalConfig
 ) -> LoadResult:
-    headers = {"Authorization": f"Bearer {token}"}
+    connections = _connections(base_url, token, config.readers)
     turn = itertools.count()  # round-robin over the sessions
-    limits = httpx.Limits(max_connections=config.readers * 2, max_keepalive_connections=config.readers * 2)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=30) as http:
 
-        async def step(_: int) -> bool:
-            r = await http.get(f"/v1/sessions/{sessions[next(turn) % len(sessions)]}/projection")
-            return r.status_code == 200
+    async def step(i: int) -> bool:
+        status, _ = await connections[i].request(
+            "GET", f"/v1/sessions/{sessions[next(turn) % len(sessions)]}/projection"
+        )
+        return status == 200
 
+    try:
         return await timed(config.readers, config.warmup, config.duration, step, "projection")
+    finally:
+        await asyncio.gather(*(c.close() for c in connections))
 
 
 async def _sql_projections(

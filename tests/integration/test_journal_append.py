@@ -305,3 +305,13 @@ async def test_twelve_concurrent_appends_at_one_revision_exactly_one_wins(servic
     async with service.client() as client:
         snap = (await read(client, sid)).json()
     assert snap["revision"] == 3 and [rec["seq"] for rec in snap["records"]] == [1, 2, 3]
+
+
+async def test_a_record_without_a_jcs_form_is_a_422_not_a_crash(client: httpx.AsyncClient) -> None:
+    sid = await new_session(client)
+    deep: Any = []
+    for _ in range(70):  # deeper than JCS's nesting bound
+        deep = [deep]
+    r = await append(client, sid, 0, [user(), {**call("c1"), "arguments": deep}], client_nonce=NONCE)
+    assert r.status_code == 422
+    assert r.json()["errors"] == [{"index": 1, "problem": "has no canonical JSON form"}]

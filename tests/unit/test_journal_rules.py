@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
 import pytest
 
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.journal_history import (
     Accepted,
@@ -20,7 +22,13 @@ from effect_ledger.domain.journal_history import (
     decide_append,
     unresolved_ids,
 )
-from effect_ledger.domain.journal_records import AppendBody, future_schema_indexes, stored_form
+from effect_ledger.domain.journal_records import (
+    AppendBody,
+    batch_digest,
+    encode_records,
+    future_schema_indexes,
+    stored_form,
+)
 
 USER = {"type": "message", "role": "user", "content": "hi", "schema": 1}
 CALL = {
@@ -102,3 +110,19 @@ def test_the_stored_form_fills_defaults_and_leads_with_the_type() -> None:
         "is_error": False,
         "schema": 1,
     }
+
+
+def test_the_batch_digest_is_the_jcs_digest_of_the_list() -> None:
+    records = [USER, CALL, {**RESULT, "output": {"b": [1.5, "é"], "a": None}}]
+    expected = "sha256:" + hashlib.sha256(canonical_json(records)).hexdigest()
+    assert batch_digest(encode_records(records)) == expected
+
+
+def test_a_value_without_a_jcs_form_is_refused_never_a_crash() -> None:
+    deep: Any = []
+    for _ in range(70):  # deeper than JCS's nesting bound
+        deep = [deep]
+    nested = {**CALL, "arguments": deep}
+    decision = decide_append(SessionState(0), AppendCommand(0, [USER, nested], b"n" * 32), Caps())
+    assert isinstance(decision, LedgerError) and decision.code == "invalid_history"
+    assert decision.extensions["errors"] == [{"index": 1, "problem": "has no canonical JSON form"}]

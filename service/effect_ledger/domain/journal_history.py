@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from effect_ledger.domain.errors import LedgerError, invalid_history, revision_conflict
-from effect_ledger.domain.journal_records import batch_digest, canonical_sizes
+from effect_ledger.domain.journal_records import batch_digest, encode_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +90,11 @@ AppendDecision = Accepted | Replayed | LedgerError
 
 def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> AppendDecision:
     """The whole append rule of API.md section 12, in its order: replay, revision, caps, causal rules."""
-    digest = batch_digest(cmd.records)
+    encoded = encode_records(cmd.records)
+    digest = batch_digest(encoded)
     if (
-        cmd.nonce_hash is not None
+        digest is not None
+        and cmd.nonce_hash is not None
         and cmd.nonce_hash == state.last_nonce_hash
         and cmd.expected_revision == state.last_base_revision
         and digest == state.last_batch_digest
@@ -100,7 +102,7 @@ def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> Append
         return Replayed(state.revision)
     if cmd.expected_revision != state.revision:
         return revision_conflict(state.revision)
-    sizes = canonical_sizes(cmd.records)
+    sizes = [None if e is None else len(e) for e in encoded]
     errors = cap_errors(state.revision, sizes, caps)
     if errors:
         return invalid_history(errors)
@@ -110,7 +112,8 @@ def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> Append
         return invalid_history(errors)
     summaries = sum(1 for r in cmd.records if r["type"] == "summary")
     revision = state.revision + len(cmd.records)
-    known = tuple(size for size in sizes if size is not None)  # all of them: cap_errors refused a None
+    assert digest is not None  # every record has a JCS form, or cap_errors refused the batch
+    known = tuple(size for size in sizes if size is not None)
     return Accepted(state.revision, revision, tuple(cmd.records), calls, digest, summaries, known)
 
 

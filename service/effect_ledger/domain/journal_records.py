@@ -103,17 +103,21 @@ def record_bytes(record: dict[str, Any]) -> int:
     return len(canonical_json(record))
 
 
-def batch_digest(records: Sequence[dict[str, Any]]) -> str:
-    """The identity of a batch, for recognising a retried append (sha256 of the JCS list)."""
-    return "sha256:" + hashlib.sha256(canonical_json(list(records))).hexdigest()
-
-
-def canonical_sizes(records: Sequence[dict[str, Any]]) -> list[int | None]:
-    """Each record's JCS size, None where a value has no canonical form (e.g. an integer beyond 2^53)."""
-    sizes: list[int | None] = []
+def encode_records(records: Sequence[dict[str, Any]]) -> list[bytes | None]:
+    """Each record's JCS form, once; None where a value has none (e.g. an integer beyond 2^53)."""
+    encoded: list[bytes | None] = []
     for record in records:
         try:
-            sizes.append(record_bytes(record))
+            encoded.append(canonical_json(record))
         except CanonicalizationError:
-            sizes.append(None)
-    return sizes
+            encoded.append(None)
+    return encoded
+
+
+def batch_digest(encoded: Sequence[bytes | None]) -> str | None:
+    """The identity of a batch, for recognising a retried append: sha256 of the JCS list, built from the
+    records' own JCS forms (a JCS array is its elements' forms, comma-separated, in brackets)."""
+    parts = [e for e in encoded if e is not None]
+    if len(parts) != len(encoded):
+        return None
+    return "sha256:" + hashlib.sha256(b"[" + b",".join(parts) + b"]").hexdigest()
