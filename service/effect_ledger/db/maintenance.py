@@ -193,7 +193,8 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
 
 
 async def purge(settings: Settings) -> RunResult:
-    """Delete terminal operations (and their events) untouched for retention_days; never any other."""
+    """Delete terminal operations (and their events) untouched for retention_days, never any other; then
+    expired diagnostics, and journal sessions unchanged for journal_retention_days (with their records)."""
     conn = await owner_connection(settings)
     try:
         return await _purge_on(conn, settings)
