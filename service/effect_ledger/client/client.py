@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -13,6 +13,7 @@ import msgspec
 
 from effect_ledger import __version__
 from effect_ledger.client.errors import LedgerClientError, LedgerProblem, LedgerUnreachable
+from effect_ledger.client.executor import Effect
 from effect_ledger.client.models import (
     AccessLogEntry,
     ClaimResult,
@@ -27,12 +28,9 @@ from effect_ledger.client.models import (
     RecoveryDecision,
     VerifyResult,
 )
+from effect_ledger.client.reconciler import Lookup, ReconcileReport, reconcile_unknown
 from effect_ledger.client.retry import RetryPolicy, send_with_retries
 from effect_ledger.domain.timefmt import format_ts
-
-if TYPE_CHECKING:
-    from effect_ledger.client.executor import Effect
-    from effect_ledger.client.reconciler import Lookup, ReconcileReport
 
 T = TypeVar("T")
 _NO_INTENT: Any = object()  # `intent` may legitimately be JSON null, so None cannot mean "absent"
@@ -220,8 +218,6 @@ class LedgerClient:
         lease_seconds: int = 30,
     ) -> Effect:
         """The executor helper: `async with client.effect(...) as effect:` (see client/executor.py)."""
-        from effect_ledger.client.executor import Effect
-
         claim_body: dict[str, Any] = {
             "tool": tool, "tool_version": tool_version, "lease_seconds": lease_seconds,
         }
@@ -275,8 +271,6 @@ class LedgerClient:
         self, lookup: Lookup, *, source: str, tool: str | None = None, page_size: int = 100
     ) -> ReconcileReport:
         """Resolve every unknown operation with `lookup` (see client/reconciler.py)."""
-        from effect_ledger.client.reconciler import reconcile_unknown
-
         return await reconcile_unknown(self, lookup, source=source, tool=tool, page_size=page_size)
 
     # -- audit calls (API.md section 8) -----------------------------------------------------
