@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.cli import command
 from effect_ledger.settings import Settings
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
@@ -45,7 +44,11 @@ def render_ledger_sql_embedded() -> str:
             stop_embedded(server)
 
 
-@command("schema")
+def schema_flags(parser: argparse.ArgumentParser) -> None:
+    """`effect-ledger schema`'s own flag."""
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
+
+
 def schema_command(args: argparse.Namespace, settings: Settings) -> int:
     """Write schema/ledger.sql and schema/openapi.json (with --check: exit 1 if they are stale)."""
     wanted = {"ledger.sql": render_ledger_sql_embedded(), "openapi.json": render_openapi()}
