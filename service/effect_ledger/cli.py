@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from effect_ledger.settings import Settings
+from effect_ledger.settings import Settings, SettingsError, variable
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -53,8 +53,12 @@ COMMANDS: dict[str, Command] = {
         "effect_ledger.cli:token_command",
         flags="effect_ledger.cli:token_flags",
     ),
+    "config": Command(
+        "print every setting's value in effect (after validation; secrets hidden), then exit",
+        "effect_ledger.cli:config_command",
+    ),
     "schema": Command(
-        "regenerate schema/ledger.sql and schema/openapi.json (--check: only report stale files)",
+        "regenerate schema/ledger.sql, schema/openapi.json and docs/configuration.md (--check: report)",
         "effect_ledger.schema_cli:schema_command",
         flags="effect_ledger.schema_cli:schema_flags",
         setting_flags=False,
@@ -77,19 +81,16 @@ def _load(target: str) -> Any:
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag named like its variable: EFFECT_LEDGER_JWT_SECRET <-> --jwt-secret."""
+    group = parser.add_argument_group("settings (each also an environment variable; docs/configuration.md)")
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
-        default = Settings.__dataclass_fields__[f.name].default
-        kind: Any = int if isinstance(default, int) and not isinstance(default, bool) else str
-        variable = f"EFFECT_LEDGER_{f.name.upper()}"
-        parser.add_argument(flag, dest=f.name, type=kind, default=None, help=variable)
+        kind: Any = int if isinstance(f.default, int) and not isinstance(f.default, bool) else str
+        described = f"{variable(f)}: {f.metadata['doc']}".replace("%", "%%")  # argparse formats help with %
+        group.add_argument(flag, dest=f.name, type=kind, default=None, help=described)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
-    sweep = overrides.get("background_sweep")
-    if isinstance(sweep, str):
-        overrides["background_sweep"] = sweep.lower() in ("1", "true", "yes", "on")
     return Settings.from_env(**overrides)
 
 
@@ -155,6 +156,15 @@ def token_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def config_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Print each setting as VARIABLE=value, secrets and URL passwords hidden."""
+    from effect_ledger.settings import shown_value
+
+    for f in fields(Settings):
+        print(f"{variable(f)}={shown_value(f.name, getattr(settings, f.name))}")
+    return 0
+
+
 def token_flags(parser: argparse.ArgumentParser) -> None:
     """`effect-ledger token`'s own flags."""
     parser.add_argument("--tenant", required=True, help="the tenant claim (tid)")
@@ -195,7 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         install = f"pip install 'effect-ledger[{entry.extra}]'"
         print(f"effect-ledger {args.command} needs {missing.name}: {install}", file=sys.stderr)
         return 2
-    return handler(args, _settings(args))
+    try:
+        settings = _settings(args)
+    except SettingsError as bad:
+        print("effect-ledger: invalid configuration (see docs/configuration.md):", file=sys.stderr)
+        for problem in bad.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    return handler(args, settings)
 
 
 if __name__ == "__main__":
