@@ -106,7 +106,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     from effect_ledger.logs import configure_logging
     from effect_ledger.runtime import database, export_settings, with_jwt_secret
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    configured = settings
     settings = with_jwt_secret(settings)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal; turning that into a
     # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
@@ -115,6 +116,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     with database(settings, run_migrations=not settings.database_url) as ready:
         export_settings(ready)
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
+        _announce(configured, ready)
         try:
             uvicorn.run(
                 "effect_ledger.http.app:app_from_env",
@@ -132,6 +134,45 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _announce(configured: Settings, ready: Settings) -> None:
+    """The one start-up line: version, URL, docs URL, database (never a password), workers."""
+    import structlog
+
+    from effect_ledger import __version__
+    from effect_ledger.logs import for_people
+
+    url = f"http://{ready.host}:{ready.port}"
+    if configured.database_url:
+        database = f"PostgreSQL at {server_of(configured.database_url)}"
+    else:
+        database = f"embedded PostgreSQL in {configured.data_path}"
+    workers = f"{ready.workers} worker" + ("s" if ready.workers > 1 else "")
+    if for_people(ready.log_format):
+        print(
+            f"effect-ledger {__version__} on {url} (API docs: {url}/schema), {database}, {workers}",
+            flush=True,
+        )
+    else:
+        structlog.get_logger("effect_ledger").info(
+            "serving",
+            version=__version__,
+            url=url,
+            docs=f"{url}/schema",
+            database=database,
+            workers=ready.workers,
+        )
+
+
+def server_of(database_url: str) -> str:
+    """A database URL without its password or options: scheme://user@host:port/database."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(database_url)
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{parts.hostname or 'localhost'}{port}{parts.path}"
 
 
 def migrate_command(args: argparse.Namespace, settings: Settings) -> int:

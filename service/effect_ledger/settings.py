@@ -132,6 +132,11 @@ class Settings:
     log_level: str = setting(
         "info", "`debug`, `info`, `warning` or `error`", one_of("debug", "info", "warning", "error")
     )
+    log_format: str = setting(
+        "auto",
+        "`json` lines, or `console` lines for people; `auto`: console when stdout is a terminal",
+        one_of("auto", "json", "console"),
+    )
     shutdown_timeout_seconds: int = setting(20, "how long SIGTERM waits for requests in flight", at_least(0))
 
     @classmethod

@@ -36,7 +36,7 @@ ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, Diag
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
     """Build the app for `settings`; pools open at start-up and close at shutdown."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     verifier = TokenVerifier(settings, jwt_secret)
     metrics = Metrics()
 
