@@ -8,7 +8,6 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from effect_ledger import __version__
 from effect_ledger.db.ledger import Ledger
@@ -18,6 +17,7 @@ from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.diagnostics import DiagnosticsController
+from effect_ledger.http.docs import docs_assets, docs_plugin
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
@@ -53,7 +53,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             metrics.close()
 
     app = Litestar(
-        route_handlers=ROUTES,
+        route_handlers=[*ROUTES, docs_assets()],
         exception_handlers=EXCEPTION_HANDLERS,
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
         lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics)],
@@ -63,7 +63,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             version=__version__,
             description="Claims, fenced transitions, receipts and reconciliation for side effects.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=[docs_plugin()],
         ),
         debug=False,
         logging_config=None,  # logs.configure_logging owns logging: JSON, redacted
