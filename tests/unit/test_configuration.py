@@ -59,14 +59,19 @@ def test_flags_win_over_variables_and_are_checked_alike() -> None:
     assert bad.value.problems == ["EFFECT_LEDGER_PORT (--port) = 70000: must be from 1 to 65535"]
 
 
-def test_the_cli_prints_the_problems_and_exits_2() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "effect_ledger.cli", "serve", "--workers", "0"],
-        env={"EFFECT_LEDGER_LOG_LEVEL": "loud", "PATH": "/usr/bin:/bin"},
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`effect-ledger ARGS` with only these variables set."""
+    return subprocess.run(
+        [sys.executable, "-m", "effect_ledger.cli", *args],
+        env={**env, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_cli_prints_the_problems_and_exits_2() -> None:
+    run = _cli({"EFFECT_LEDGER_LOG_LEVEL": "loud"}, "serve", "--workers", "0")
     assert run.returncode == 2
     assert run.stderr.splitlines() == [
         "effect-ledger: invalid configuration (see docs/configuration.md):",
@@ -76,14 +81,13 @@ def test_the_cli_prints_the_problems_and_exits_2() -> None:
 
 
 def test_config_prints_values_in_effect_with_secrets_hidden() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "effect_ledger.cli", "config", "--jwt-secret", "s3cr3t"],
-        env={"EFFECT_LEDGER_DATABASE_URL": "postgresql://owner:pw@db:5432/ledger", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    run = _cli(
+        {"EFFECT_LEDGER_DATABASE_URL": "postgresql://owner:pw@db:5432/ledger"},
+        "config",
+        "--jwt-secret",
+        "s3cr3t",
     )
+    assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert len(lines) == len(fields(Settings))
     assert "EFFECT_LEDGER_DATABASE_URL=postgresql://owner:(hidden)@db:5432/ledger" in lines
