@@ -1,4 +1,4 @@
-"""LedgerClient: every endpoint of API.md as a typed async call over httpx, retried in one place."""
+"""LedgerClient: every endpoint of docs/api.md as a typed async call over httpx, retried in one place."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class UnexpectedAnswer(LedgerClientError):
-    """A 2xx answer whose body does not have the shape API.md promises."""
+    """A 2xx answer whose body does not have the shape docs/api.md promises."""
 
 
 def new_client_nonce() -> str:
@@ -133,7 +133,7 @@ class LedgerClient:
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise UnexpectedAnswer(f"{response.request.method} {response.request.url.path}: {exc}") from None
 
-    # -- executor calls (API.md section 6) --------------------------------------------------
+    # -- executor calls (docs/api.md section 6) --------------------------------------------------
 
     async def claim(
         self,
@@ -227,7 +227,7 @@ class LedgerClient:
             claim_body["intent_digest"] = intent_digest
         return Effect(self, operation_id, claim_body)
 
-    # -- reconciler calls (API.md section 7) ------------------------------------------------
+    # -- reconciler calls (docs/api.md section 7) ------------------------------------------------
 
     async def list_operations(
         self,
@@ -273,7 +273,7 @@ class LedgerClient:
         """Resolve every unknown operation with `lookup` (see client/reconciler.py)."""
         return await reconcile_unknown(self, lookup, source=source, tool=tool, page_size=page_size)
 
-    # -- audit calls (API.md section 8) -----------------------------------------------------
+    # -- audit calls (docs/api.md section 8) -----------------------------------------------------
 
     async def events(self, operation_id: str) -> list[Event]:
         """An operation's hash-chained history, oldest first."""
@@ -308,7 +308,7 @@ class LedgerClient:
         response = await self.request("GET", "/v1/diagnostics/access-log", params=params)
         return self.decode(response, Page[AccessLogEntry])
 
-    # -- protected diagnostics (API.md section 9) -------------------------------------------
+    # -- protected diagnostics (docs/api.md section 9) -------------------------------------------
 
     async def report_incident(self, diagnostics: Diagnostics) -> str:
         """Store a diagnostics record; returns its incident reference."""
