@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -34,6 +35,13 @@ if TYPE_CHECKING:
     from effect_ledger.client.executor import Effect
     from effect_ledger.client.reconciler import Lookup, ReconcileReport
 
+try:  # opentelemetry is optional: without it, or without a current span, nothing is propagated
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR: TraceContextTextMapPropagator | None = TraceContextTextMapPropagator()
+except ImportError:  # pragma: no cover - the [otel] extra is not installed
+    _PROPAGATOR = None
+
 T = TypeVar("T")
 _NO_INTENT: Any = object()  # `intent` may legitimately be JSON null, so None cannot mean "absent"
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -41,6 +49,32 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 class UnexpectedAnswer(LedgerClientError):
     """A 2xx answer whose body does not have the shape API.md promises."""
+
+
+@dataclass
+class CallStats:
+    """What this client sent: its calls, the requests they took, and how many were retries.
+
+    `retries` counts re-sent requests (every request after a call's first); `retried_calls` the
+    calls that needed at least one. The ledger counts its side as effect_ledger_claim_attempts.
+    """
+
+    calls: int = 0
+    requests: int = 0
+    retries: int = 0
+    retried_calls: int = 0
+
+
+def trace_headers() -> dict[str, str]:
+    """The current OpenTelemetry span's W3C `traceparent` (and `tracestate`), when there is one.
+
+    Only the trace context is propagated, never baggage: baggage may carry what a tenant put in it.
+    """
+    if _PROPAGATOR is None:
+        return {}
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier
 
 
 def new_client_nonce() -> str:
@@ -81,6 +115,7 @@ class LedgerClient:
         limits: httpx.Limits | None = None,
     ) -> None:
         self.retry = retry or RetryPolicy()
+        self.stats = CallStats()
         self._token = token
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
@@ -115,9 +150,20 @@ class LedgerClient:
     ) -> httpx.Response:
         """Send one API call with the client's retry policy; raise its typed problem on an error answer."""
         content = None if body is None else msgspec.json.encode(body)
+        stats = self.stats
+        stats.calls += 1
+        sent = 0
 
         async def send(seconds: float) -> httpx.Response:
+            nonlocal sent
+            sent += 1
+            stats.requests += 1
+            if sent > 1:
+                stats.retries += 1
+                if sent == 2:
+                    stats.retried_calls += 1
             headers = dict(JSON_HEADERS) if content is not None else {}
+            headers.update(trace_headers())
             if authenticated:
                 token = self._token() if callable(self._token) else self._token
                 headers["Authorization"] = f"Bearer {token}"

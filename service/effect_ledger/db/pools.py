@@ -1,16 +1,26 @@
-"""asyncpg pools: one per role, every connection with timeouts and JSON codecs; tenant transactions."""
+"""asyncpg pools: one per role, every connection with timeouts and JSON codecs; tenant transactions.
+
+Load shedding: every tenant transaction is admitted by its pool's `Admission` before it queues for a
+connection. When `pool_max_waiting` requests already wait, or the oldest has waited longer than
+`pool_shed_wait_ms`, the request is refused at once (503 `unavailable`, Retry-After, incident) instead
+of joining a queue whose wait only grows. Reconciler and audit calls run on their own runtime-role
+pool (`audit_pool_size`), so an executor flood that fills the runtime pool never starves them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 import msgspec
 
+from effect_ledger import tracing
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
 from effect_ledger.domain.errors import DatabaseUnavailable, validation_failed
@@ -95,27 +105,89 @@ async def create_role_pool(settings: Settings, role: str, size: int) -> asyncpg.
     return pool
 
 
+class Admission:
+    """Bounds the queue for one pool's connections: requests beyond the bound are shed at once."""
+
+    def __init__(self, name: str, max_waiting: int, shed_wait_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.max_waiting = max_waiting
+        self.shed_wait_seconds = shed_wait_seconds
+        self.clock = clock
+        self.on_shed: Callable[[str, str], None] = lambda pool, reason: None  # metrics count sheds
+        self._waiting: dict[int, float] = {}  # ticket -> when it started waiting, oldest first
+        self._tickets = itertools.count()
+
+    def shed_reason(self) -> str | None:
+        """Why a request arriving now would be shed ("queue" or "wait"), or None to admit it."""
+        if len(self._waiting) >= self.max_waiting:
+            return "queue"
+        if self._waiting and self.clock() - next(iter(self._waiting.values())) > self.shed_wait_seconds:
+            return "wait"
+        return None
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Admit one request to the queue for a connection, or raise DatabaseUnavailable (503) at once."""
+        reason = self.shed_reason()
+        if reason is not None:
+            self.on_shed(self.name, reason)
+            raise DatabaseUnavailable("shed", "PoolSaturated")
+        ticket = next(self._tickets)
+        self._waiting[ticket] = self.clock()
+        try:
+            yield
+        finally:
+            del self._waiting[ticket]
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a connection right now."""
+        return len(self._waiting)
+
+
+# The admission of each open pool (asyncpg pools take no attributes); tenant_tx looks its pool up here.
+_ADMISSIONS: dict[int, Admission] = {}
+
+
+def admit(pool: asyncpg.Pool, admission: Admission) -> None:
+    """Bound `pool`'s queue with `admission` until `pool` is closed through Pools.close."""
+    _ADMISSIONS[id(pool)] = admission
+
+
 @dataclass
 class Pools:
-    """The runtime pool (executors, reconcilers, auditors) and the diagnostics reader pool."""
+    """The runtime pool (executors), the audit pool (reconcilers, auditors) and the diagnostics reader."""
 
     runtime: asyncpg.Pool
     reader: asyncpg.Pool | None
     acquire_timeout: float
+    audit: asyncpg.Pool | None = None
+    admissions: dict[str, Admission] = field(default_factory=dict)
 
     @classmethod
-    async def open(cls, settings: Settings, *, reader: bool = True) -> Pools:
-        """Open both pools for the configured database."""
+    async def open(cls, settings: Settings, *, reader: bool = True, audit: bool = True) -> Pools:
+        """Open the pools for the configured database, each with its admission bound."""
         runtime = await create_role_pool(settings, RUNTIME_ROLE, settings.pool_size)
         reader_pool = (
             await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
         )
-        return cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000)
+        audit_pool = (
+            await create_role_pool(settings, RUNTIME_ROLE, settings.audit_pool_size) if audit else None
+        )
+        pools = cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000, audit_pool)
+        shed_wait = settings.pool_shed_wait_ms / 1000
+        for name, pool in (("runtime", runtime), ("audit", audit_pool), ("reader", reader_pool)):
+            if pool is not None:
+                pools.admissions[name] = Admission(name, settings.pool_max_waiting, shed_wait)
+                admit(pool, pools.admissions[name])
+        return pools
 
     async def close(self) -> None:
         """Close every pool, waiting for connections in use to be released."""
-        for pool in (self.runtime, self.reader):
+        for pool in (self.runtime, self.audit, self.reader):
             if pool is not None:
+                _ADMISSIONS.pop(id(pool), None)
                 await pool.close()
 
 
@@ -123,9 +195,23 @@ class Pools:
 async def tenant_tx(
     pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
-    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
+    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
+
+    The one place the service's requests reach the database: admission (shedding) and the
+    database call's span both happen here.
+    """
+    with tracing.database_span(phase) as span:
+        async with _transaction(pool, tenant, acquire_timeout, phase, span) as bound:
+            yield bound
+
+
+@asynccontextmanager
+async def _transaction(
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str, span: tracing.Span
+) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    admission = _ADMISSIONS.get(id(pool))
     try:
-        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
+        async with _connection(pool, admission, acquire_timeout, span) as conn, conn.transaction():
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:
@@ -133,3 +219,22 @@ async def tenant_tx(
     except UNSTORABLE as exc:
         # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
         raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+@asynccontextmanager
+async def _connection(
+    pool: asyncpg.Pool, admission: Admission | None, acquire_timeout: float, span: tracing.Span
+) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection, admitted first (a shed request never queues)."""
+    if admission is None:
+        async with pool.acquire(timeout=acquire_timeout) as conn:
+            yield conn
+        return
+    with admission.waiting():
+        acquiring = pool.acquire(timeout=acquire_timeout)
+        conn = await acquiring.__aenter__()
+    tracing.set_attributes(span, {"effect_ledger.db.pool": admission.name})
+    try:
+        yield conn
+    finally:
+        await acquiring.__aexit__(None, None, None)

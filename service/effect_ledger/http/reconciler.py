@@ -15,7 +15,7 @@ from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 from effect_ledger.domain.transitions import Decision, Report, decide_resolve
 from effect_ledger.http.auth import AUDIT, RECONCILE, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
@@ -79,7 +79,7 @@ class ReconcilerController(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         page = await reads.list_operations(
-            ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
+            audit_ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
             updated_before=before, after=after, limit=page_size,
         )
         return Response({
@@ -104,5 +104,5 @@ class ReconcilerController(Controller):
         def decide(op: Operation) -> Decision:
             return decide_resolve(op, caller.principal, report)
 
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "resolve")
+        op = await repo.transition(audit_ledger_of(request), caller.tenant, operation_id, decide, "resolve")
         return view_response(op)
