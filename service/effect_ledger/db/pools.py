@@ -132,7 +132,7 @@ class Admission:
         reason = self.shed_reason()
         if reason is not None:
             self.on_shed(self.name, reason)
-            raise DatabaseUnavailable("shed", "PoolSaturated")
+            raise DatabaseUnavailable(SHED_PHASE, "PoolSaturated")
         ticket = next(self._tickets)
         self._waiting[ticket] = self.clock()
         try:
@@ -145,6 +145,8 @@ class Admission:
         """Requests waiting for a connection right now."""
         return len(self._waiting)
 
+
+SHED_PHASE = "shed"  # the phase of a request refused before it queued (its incident is only spooled)
 
 # The admission of each open pool (asyncpg pools take no attributes); tenant_tx looks its pool up here.
 _ADMISSIONS: dict[int, Admission] = {}
@@ -193,23 +195,25 @@ class Pools:
 
 @asynccontextmanager
 async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction", *, shed: bool = True
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
 
-    The one place the service's requests reach the database: admission (shedding) and the
-    database call's span both happen here.
+    The one place the service's requests reach the database: admission (shedding; `shed=False` for
+    background writers that must neither be refused nor take a request's place in the queue) and
+    the database call's span both happen here.
     """
     with tracing.database_span(phase) as span:
-        async with _transaction(pool, tenant, acquire_timeout, phase, span) as bound:
+        admission = _ADMISSIONS.get(id(pool)) if shed else None
+        async with _transaction(pool, admission, tenant, acquire_timeout, phase, span) as bound:
             yield bound
 
 
 @asynccontextmanager
 async def _transaction(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str, span: tracing.Span
+    pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, phase: str,
+    span: tracing.Span,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
-    admission = _ADMISSIONS.get(id(pool))
     try:
         async with _connection(pool, admission, acquire_timeout, span) as conn, conn.transaction():
             context = await conn.fetchrow(sql("tenant_context"), tenant)

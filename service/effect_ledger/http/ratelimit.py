@@ -125,7 +125,7 @@ def parse_overrides(raw: str | None) -> dict[str, Limit]:
     """`RATE_LIMIT_OVERRIDES`: inline JSON or the path of a JSON file, tenant -> {per_second, burst}."""
     if not raw:
         return {}
-    text = raw if raw.lstrip().startswith("{") else Path(raw).read_text()
+    text = raw if raw.lstrip().startswith(("{", "[")) else Path(raw).read_text()
     table = json.loads(text)
     if not isinstance(table, dict):
         raise ValueError("RATE_LIMIT_OVERRIDES must be a JSON object of tenant -> limit")
