@@ -17,7 +17,13 @@ from test_metrics import by_label, samples
 
 from conftest import Service, auth
 from effect_ledger.domain.ratelimit import Bucket, Limit, take
-from effect_ledger.http.ratelimit import MemoryStore, SharedStore, bucket_key, create_shared_store, parse_overrides
+from effect_ledger.http.ratelimit import (
+    MemoryStore,
+    SharedStore,
+    bucket_key,
+    create_shared_store,
+    parse_overrides,
+)
 from effect_ledger.settings import Settings
 
 BURST = 5
