@@ -93,9 +93,17 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
                 events = await http.get("/v1/operations/op-3/events", headers=RECONCILER)
                 assert events.status_code == 200
                 assert not any(t.done() for t in tasks if t not in done)
-            # the locks are gone: every admitted heartbeat is served
+                # the queue is full of t1's requests, but a quiet tenant is within its share: it queues
+                quiet = asyncio.create_task(http.post(
+                    "/v1/operations/op-q/claim", json=CLAIM, headers=auth("t2", "exec-9", "ledger:execute")))
+                await until_waiting(http, QUEUE + 1)
+                again = await heartbeat(http, "op-0", tokens["op-0"])  # while t1 is still shed
+                assert again.status_code == 503
+            # the locks are gone: every admitted request is served
             rest = await asyncio.gather(*(t for t in tasks if t not in done))
             assert [r.status_code for r in rest] == [200] * (POOL + QUEUE)
+            assert (await quiet).status_code == 201
+            shed_count += 1
         finally:
             await owner.close()
         found = samples((await http.get("/metrics")).text)

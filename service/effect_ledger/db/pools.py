@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -106,39 +106,59 @@ async def create_role_pool(settings: Settings, role: str, size: int) -> asyncpg.
 
 
 class Admission:
-    """Bounds the queue for one pool's connections: requests beyond the bound are shed at once."""
+    """Bounds the queue for one pool's connections: requests beyond the bound are shed at once.
 
-    def __init__(self, name: str, max_waiting: int, shed_wait_seconds: float,
+    Fair to quiet tenants: a tenant with fewer requests in flight (queued or holding a connection)
+    than its share of the pool (capacity / tenants in flight, rounded up) is admitted even past the
+    bounds, so a flood by one tenant fills the queue with its own requests and sheds only them.
+    """
+
+    def __init__(self, name: str, capacity: int, max_waiting: int, shed_wait_seconds: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
+        self.capacity = capacity
         self.max_waiting = max_waiting
         self.shed_wait_seconds = shed_wait_seconds
         self.clock = clock
         self.on_shed: Callable[[str, str], None] = lambda pool, reason: None  # metrics count sheds
         self._waiting: dict[int, float] = {}  # ticket -> when it started waiting, oldest first
+        self._inflight: dict[str, int] = {}  # tenant -> requests queued for or holding a connection
         self._tickets = itertools.count()
 
-    def shed_reason(self) -> str | None:
-        """Why a request arriving now would be shed ("queue" or "wait"), or None to admit it."""
+    def shed_reason(self, tenant: str) -> str | None:
+        """Why `tenant`'s request arriving now would be shed ("queue" or "wait"), or None to admit it."""
         if len(self._waiting) >= self.max_waiting:
-            return "queue"
-        if self._waiting and self.clock() - next(iter(self._waiting.values())) > self.shed_wait_seconds:
-            return "wait"
-        return None
+            reason = "queue"
+        elif self._waiting and self.clock() - next(iter(self._waiting.values())) > self.shed_wait_seconds:
+            reason = "wait"
+        else:
+            return None
+        tenants = len(self._inflight) + (tenant not in self._inflight)
+        share = -(-self.capacity // tenants)  # rounded up: every tenant in flight gets at least one
+        return None if self._inflight.get(tenant, 0) < share else reason
 
-    @contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Admit one request to the queue for a connection, or raise DatabaseUnavailable (503) at once."""
-        reason = self.shed_reason()
+    def enter(self, tenant: str) -> int:
+        """Admit one request to the queue (its ticket), or raise DatabaseUnavailable (503) at once."""
+        reason = self.shed_reason(tenant)
         if reason is not None:
             self.on_shed(self.name, reason)
             raise DatabaseUnavailable(SHED_PHASE, "PoolSaturated")
         ticket = next(self._tickets)
         self._waiting[ticket] = self.clock()
-        try:
-            yield
-        finally:
-            del self._waiting[ticket]
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        return ticket
+
+    def acquired(self, ticket: int) -> None:
+        """The request stopped waiting (it got its connection, or gave up)."""
+        del self._waiting[ticket]
+
+    def leave(self, tenant: str) -> None:
+        """The request released its connection (or never got one)."""
+        left = self._inflight[tenant] - 1
+        if left:
+            self._inflight[tenant] = left
+        else:
+            del self._inflight[tenant]
 
     @property
     def queued(self) -> int:
@@ -181,7 +201,8 @@ class Pools:
         shed_wait = settings.pool_shed_wait_ms / 1000
         for name, pool in (("runtime", runtime), ("audit", audit_pool), ("reader", reader_pool)):
             if pool is not None:
-                pools.admissions[name] = Admission(name, settings.pool_max_waiting, shed_wait)
+                pools.admissions[name] = Admission(
+                    name, pool.get_max_size(), settings.pool_max_waiting, shed_wait)
                 admit(pool, pools.admissions[name])
         return pools
 
@@ -215,7 +236,7 @@ async def _transaction(
     span: tracing.Span,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     try:
-        async with _connection(pool, admission, acquire_timeout, span) as conn, conn.transaction():
+        async with _connection(pool, admission, tenant, acquire_timeout, span) as conn, conn.transaction():
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:
@@ -227,18 +248,24 @@ async def _transaction(
 
 @asynccontextmanager
 async def _connection(
-    pool: asyncpg.Pool, admission: Admission | None, acquire_timeout: float, span: tracing.Span
+    pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, span: tracing.Span
 ) -> AsyncIterator[asyncpg.Connection]:
     """A pooled connection, admitted first (a shed request never queues)."""
     if admission is None:
         async with pool.acquire(timeout=acquire_timeout) as conn:
             yield conn
         return
-    with admission.waiting():
-        acquiring = pool.acquire(timeout=acquire_timeout)
-        conn = await acquiring.__aenter__()
-    tracing.set_attributes(span, {"effect_ledger.db.pool": admission.name})
+    ticket = admission.enter(tenant)
     try:
-        yield conn
+        acquiring = pool.acquire(timeout=acquire_timeout)
+        try:
+            conn = await acquiring.__aenter__()
+        finally:
+            admission.acquired(ticket)
+        tracing.set_attributes(span, {"effect_ledger.db.pool": admission.name})
+        try:
+            yield conn
+        finally:
+            await acquiring.__aexit__(None, None, None)
     finally:
-        await acquiring.__aexit__(None, None, None)
+        admission.leave(tenant)
