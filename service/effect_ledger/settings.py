@@ -45,6 +45,7 @@ class Settings:
     sweep_batch_size: int = 100  # operations locked and swept per transaction
     purge_interval_seconds: int = 3600  # how often serve's background purge runs
     purge_batch_size: int = 500  # operations (with their events) deleted per transaction
+    backlog_interval_seconds: int = 30  # how often serve reads the backlog gauges (0: never)
     log_level: str = "info"
     rate_limit_per_second: int = 200  # per tenant+principal over all workers; 0 switches the limit off
     rate_limit_burst: int = 400  # tokens a tenant+principal may spend at once; 0 switches the limit off

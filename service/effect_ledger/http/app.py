@@ -12,7 +12,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import background_maintenance
+from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
@@ -64,7 +64,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         route_handlers=ROUTES,
         exception_handlers=EXCEPTION_HANDLERS,
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
-        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics)],
+        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics),
+                  lambda _: watch_backlog(settings, metrics.observe_backlog)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",

@@ -140,6 +140,18 @@ class Metrics:
         self.pool_waiting = Gauge(
             "effect_ledger_db_pool_waiting", "Requests queued for a connection, by pool.",
             ["pool"], registry=r, multiprocess_mode="livesum")
+        self.unknown_waiting = Gauge(
+            "effect_ledger_unknown_outcomes_waiting",
+            "Unknown outcomes (expired submitted included) waiting for reconciliation, all tenants.",
+            registry=r, multiprocess_mode="max")
+        self.unknown_oldest = Gauge(
+            "effect_ledger_unknown_outcome_oldest_age_seconds",
+            "How long the oldest unknown outcome has waited for reconciliation.",
+            registry=r, multiprocess_mode="max")
+        self.purge_overdue = Gauge(
+            "effect_ledger_purge_overdue_seconds",
+            "How far past its retention the oldest purgeable operation is (0: purge keeps up).",
+            registry=r, multiprocess_mode="max")
         self.requests = Histogram(
             "effect_ledger_http_request_duration_seconds",
             "HTTP requests, by route template, method and status class.",
@@ -226,6 +238,12 @@ class Metrics:
         for admission in self._admissions.values():
             admission.on_shed = self.count_shed
         self.refresh_pools()
+
+    def observe_backlog(self, backlog: Any) -> None:
+        """The backlog read by db.maintenance.watch_backlog."""
+        self.unknown_waiting.set(backlog.unknown_waiting)
+        self.unknown_oldest.set(backlog.unknown_oldest_seconds)
+        self.purge_overdue.set(backlog.purge_overdue_seconds)
 
     def count_shed(self, pool: str, reason: str) -> None:
         """One request shed before queueing for `pool`'s connections."""
