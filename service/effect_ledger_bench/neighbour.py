@@ -18,7 +18,7 @@ from effect_ledger_bench.workload import TOOL, TOOL_VERSION, claim_path
 FLOOD_TENANT = "bench-flood"
 FLOOD_PRINCIPAL = "bench-flooder"
 # The flooding tenant's limit; every other tenant of the bench runs unlimited (its rows measure throughput).
-FLOOD_LIMIT = {"per_second": 100, "burst": 100}
+FLOOD_LIMIT = {"per_second": 10, "burst": 20}
 FLOOD_TASKS = 64
 QUIET_EXECUTORS = 4
 NEIGHBOUR_P99_FACTOR = 2.0
