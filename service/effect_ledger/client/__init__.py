@@ -4,7 +4,7 @@ It imports only `effect_ledger.domain` (pure rules) from the service, never its 
 layers, so an executor can depend on it without the server's runtime.
 """
 
-from effect_ledger.client.client import CallStats, LedgerClient, UnexpectedAnswer, new_client_nonce
+from effect_ledger.client.client import LedgerClient, UnexpectedAnswer, new_client_nonce
 from effect_ledger.client.errors import (
     ConflictingOutcome,
     EffectUsageError,
@@ -58,6 +58,7 @@ from effect_ledger.client.reconciler import (
     unresolved,
 )
 from effect_ledger.client.retry import RetryPolicy
+from effect_ledger.client.telemetry import CallStats
 
 __all__ = [
     "AccessLogEntry",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -29,18 +28,12 @@ from effect_ledger.client.models import (
     VerifyResult,
 )
 from effect_ledger.client.retry import RetryPolicy, send_with_retries
+from effect_ledger.client.telemetry import CallStats, trace_headers
 from effect_ledger.domain.timefmt import format_ts
 
 if TYPE_CHECKING:
     from effect_ledger.client.executor import Effect
     from effect_ledger.client.reconciler import Lookup, ReconcileReport
-
-try:  # opentelemetry is optional: without it, or without a current span, nothing is propagated
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    _PROPAGATOR: TraceContextTextMapPropagator | None = TraceContextTextMapPropagator()
-except ImportError:  # pragma: no cover - the [otel] extra is not installed
-    _PROPAGATOR = None
 
 T = TypeVar("T")
 _NO_INTENT: Any = object()  # `intent` may legitimately be JSON null, so None cannot mean "absent"
@@ -49,32 +42,6 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 class UnexpectedAnswer(LedgerClientError):
     """A 2xx answer whose body does not have the shape API.md promises."""
-
-
-@dataclass
-class CallStats:
-    """What this client sent: its calls, the requests they took, and how many were retries.
-
-    `retries` counts re-sent requests (every request after a call's first); `retried_calls` the
-    calls that needed at least one. The ledger counts its side as effect_ledger_claim_attempts.
-    """
-
-    calls: int = 0
-    requests: int = 0
-    retries: int = 0
-    retried_calls: int = 0
-
-
-def trace_headers() -> dict[str, str]:
-    """The current OpenTelemetry span's W3C `traceparent` (and `tracestate`), when there is one.
-
-    Only the trace context is propagated, never baggage: baggage may carry what a tenant put in it.
-    """
-    if _PROPAGATOR is None:
-        return {}
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier
 
 
 def new_client_nonce() -> str:
