@@ -345,3 +345,18 @@ async def test_no_token_in_any_page_url_or_log_line(
     for r in visited:
         for value in SimpleCookie(r.headers.get("set-cookie", "")).values():
             assert bearer not in value.value
+
+
+async def test_a_failure_is_a_console_page_with_an_incident_reference(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret detail that must not reach the page")
+
+    await signed_in(client, token(sub="aud-1", scope="ledger:audit"))
+    monkeypatch.setattr("effect_ledger.http.console.pages.reads.list_access_log", broken)
+    r = await client.get("/console/access-log")
+    assert r.status_code == 500 and r.headers["content-type"].startswith("text/html")
+    assert "Something went wrong" in r.text and re.search(r"<code>inc_[A-Za-z0-9_-]{16,64}</code>", r.text)
+    assert "secret detail" not in r.text and "Traceback" not in r.text and "RuntimeError" not in r.text
+    assert_console_headers(r)
