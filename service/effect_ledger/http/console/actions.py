@@ -6,7 +6,6 @@ Each POST carries a CSRF token tied to the browser's sealed cookie, and each ans
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
@@ -21,8 +20,9 @@ from effect_ledger.http.auth import DIAG_READ, RECONCILE
 from effect_ledger.http.console.access import checked_form, safe_next, signed_in
 from effect_ledger.http.console.forms import FORM_FIELDS, field_problems, resolve_body, resolve_message
 from effect_ledger.http.console.pages import operation_context, operation_page
-from effect_ledger.http.console.render import iso, page
+from effect_ledger.http.console.render import page
 from effect_ledger.http.console.session import (
+    ConsoleSession,
     current_session,
     forget_login_form,
     login_csrf,
@@ -72,6 +72,15 @@ def _has_session(request: Request[Any, Any, Any]) -> bool:
     except LedgerError:
         return False
     return True
+
+
+def incident_page(
+    request: Request[Any, Any, Any], session: ConsoleSession, incident: str, *, status: int = 200,
+    record: dict[str, Any] | None = None, purpose: str = "", problems: list[tuple[str, str]] | None = None,
+) -> Template:
+    """The incident page: the purpose prompt, or (after a recorded read) the record."""
+    return page(request, "incident.html", session, status=status, title=f"Incident {incident}",
+                incident_id=incident, record=record, purpose=purpose, problems=problems or [])
 
 
 class ConsoleActions(Controller):
@@ -171,16 +180,7 @@ class ConsoleActions(Controller):
         session = signed_in(request, DIAG_READ)
         if not INCIDENT_ID.match(incident):
             raise not_found("incident")
-        return page(
-            request,
-            "incident.html",
-            session,
-            title=f"Incident {incident}",
-            incident_id=incident,
-            record=None,
-            purpose="",
-            problems=[],
-        )
+        return incident_page(request, session, incident)
 
     @post("/incidents/{incident:str}")
     async def read_incident(self, request: Request[Any, Any, Any], incident: FromPath[str]) -> Template:
@@ -198,17 +198,7 @@ class ConsoleActions(Controller):
                 if error.code == "validation_failed"
                 else [("Purpose", "looks like a credential: describe your reason without secrets")]
             )
-            return page(
-                request,
-                "incident.html",
-                session,
-                status=422,
-                title=f"Incident {incident}",
-                incident_id=incident,
-                record=None,
-                purpose="",
-                problems=problems,
-            )
+            return incident_page(request, session, incident, status=422, problems=problems)
         pools: Pools = request.app.state.pools
         record = await diagnostics_repo.read_incident(
             pools.reader,
@@ -218,14 +208,4 @@ class ConsoleActions(Controller):
             incident,
             stated,
         )
-        return page(
-            request,
-            "incident.html",
-            session,
-            title=f"Incident {incident}",
-            incident_id=incident,
-            record=record,
-            purpose=stated,
-            problems=[],
-            read_at=iso(datetime.now(UTC)),
-        )
+        return incident_page(request, session, incident, record=record, purpose=stated)

@@ -6,6 +6,7 @@ console never shows more than the token could fetch through `/v1`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from litestar import Controller, Request, Response, get
@@ -86,6 +87,25 @@ async def operation_context(
     return op, events, chain
 
 
+async def filtered_list(
+    request: Request[Any, Any, Any], session: ConsoleSession, template: str, title: str, q: QueryProblems,
+    filters: dict[str, str], cursor_kind: str, fetch: Callable[[], Awaitable[reads.Page[Operation]]],
+    **extra: Any,
+) -> Template:
+    """A paged list of operations behind filters: bad filters answer the same page with their problems."""
+    try:
+        q.check()
+    except LedgerError as error:
+        return page(request, template, session, status=422, title=title, items=[], filters=filters,
+                    problems=_problems(error), next_cursor=None, **extra)
+    result = await fetch()
+    return page(
+        request, template, session, title=title, filters=filters, problems=[],
+        items=[operation_view(op) for op in result.items],
+        next_cursor=encode_cursor(cursor_kind, result.next_key), **extra,
+    )
+
+
 class ConsolePages(Controller):
     """Pages that read: overview, unknown queue, operations, one operation, receipts, access log."""
 
@@ -148,40 +168,13 @@ class ConsolePages(Controller):
         before, after = q.timestamp("updated_before", updated_before), q.cursor(cursor, LIST_CURSOR)
         if operation_id and not OPERATION_ID.match(operation_id.strip()):
             q.errors.append(("operation_id", "must be 1-200 characters of [A-Za-z0-9._:~-]"))
-        try:
-            q.check()
-        except LedgerError as error:
-            return page(
-                request,
-                "operations.html",
-                session,
-                status=422,
-                title="Operations",
-                items=[],
-                filters=filters,
-                statuses=STATUSES,
-                problems=_problems(error),
-                next_cursor=None,
-            )
-        result = await reads.list_operations(
-            ledger_of(request),
-            session.caller.tenant,
-            status=wanted,
-            tool=tool_name,
-            updated_before=before,
-            after=after,
-            limit=int(PAGE_SIZE),
-        )
-        return page(
-            request,
-            "operations.html",
-            session,
-            title="Operations",
-            filters=filters,
+        return await filtered_list(
+            request, session, "operations.html", "Operations", q, filters, LIST_CURSOR,
+            lambda: reads.list_operations(
+                ledger_of(request), session.caller.tenant, status=wanted, tool=tool_name,
+                updated_before=before, after=after, limit=int(PAGE_SIZE),
+            ),
             statuses=STATUSES,
-            items=[operation_view(op) for op in result.items],
-            problems=[],
-            next_cursor=encode_cursor(LIST_CURSOR, result.next_key),
         )
 
     @get("/operations/{operation_id:str}")
@@ -222,39 +215,12 @@ class ConsolePages(Controller):
         tool_name, who = q.text("tool", tool), q.text("principal", principal)
         start, end = q.timestamp("since", since), q.timestamp("until", until)
         after = q.cursor(cursor, RECEIPTS_CURSOR)
-        try:
-            q.check()
-        except LedgerError as error:
-            return page(
-                request,
-                "receipts.html",
-                session,
-                status=422,
-                title="Receipts",
-                items=[],
-                filters=filters,
-                problems=_problems(error),
-                next_cursor=None,
-            )
-        result = await reads.list_receipts(
-            ledger_of(request),
-            session.caller.tenant,
-            since=start,
-            until=end,
-            tool=tool_name,
-            principal=who,
-            after=after,
-            limit=int(PAGE_SIZE),
-        )
-        return page(
-            request,
-            "receipts.html",
-            session,
-            title="Receipts",
-            filters=filters,
-            problems=[],
-            items=[operation_view(op) for op in result.items],
-            next_cursor=encode_cursor(RECEIPTS_CURSOR, result.next_key),
+        return await filtered_list(
+            request, session, "receipts.html", "Receipts", q, filters, RECEIPTS_CURSOR,
+            lambda: reads.list_receipts(
+                ledger_of(request), session.caller.tenant, since=start, until=end, tool=tool_name,
+                principal=who, after=after, limit=int(PAGE_SIZE),
+            ),
         )
 
     @get("/access-log")
