@@ -360,3 +360,16 @@ async def test_a_failure_is_a_console_page_with_an_incident_reference(
     assert "Something went wrong" in r.text and re.search(r"<code>inc_[A-Za-z0-9_-]{16,64}</code>", r.text)
     assert "secret detail" not in r.text and "Traceback" not in r.text and "RuntimeError" not in r.text
     assert_console_headers(r)
+
+
+async def test_what_callers_wrote_is_escaped_not_run(client: httpx.AsyncClient) -> None:
+    script = "<script>alert(1)</script>"
+    await unknown(client, "op-1", tool=script)
+    await signed_in(client, token(sub="rec-1", scope=RECONCILER))
+    queue = await client.get("/console/unknown")
+    r = await resolve_form(
+        client, "op-1", {**COMMITTED_FORM, "receipt_external_ref": script, "evidence_source": script}
+    )
+    page = await client.get(r.headers["location"])
+    for body in (queue.text, page.text):
+        assert script not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body

@@ -130,6 +130,7 @@ def _ledger_error(request: Request[Any, Any, Any], exc: LedgerError) -> Response
     if exc.code == "unauthenticated":
         # Signed out, or the token inside the session has expired: back to the sign-in page.
         target = request.url.path if request.method == "GET" else "/console/"
+        target = "/console/" if target == "/console/logout" else target
         return Redirect(f"/console/login?next={quote(target, safe='/')}", status_code=303)
     if exc.code == "forbidden":
         return _error_page(request, 403, "Not allowed with this token", exc.detail)
