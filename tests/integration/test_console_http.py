@@ -11,7 +11,7 @@ from http.cookies import SimpleCookie
 import httpx
 import pytest
 from console_flows import COMMITTED_FORM, csrf_of, resolve_form, sign_in, signed_in
-from ledger_flows import committed, events_of, stored_status, unknown
+from ledger_flows import committed, events_of, pending, stored_status, unknown
 
 from conftest import TEST_SECRET, Service, token
 from effect_ledger.http.auth import mint_token
@@ -176,6 +176,10 @@ async def test_resolve_answers_are_the_apis_in_words(client: httpx.AsyncClient, 
     assert refused.status_code == 409 and "conflicting_outcome" in refused.text
     assert "already committed with a different outcome" in refused.text
     assert (await events_of(db_url, "op-1"))[-1]["kind"] == "discrepancy"
+    await pending(client, "op-3")
+    live = await resolve_form(client, "op-3", COMMITTED_FORM)
+    assert live.status_code == 409 and "invalid_transition" in live.text
+    assert "Only an unknown operation can be resolved; this one is pending" in live.text
     await committed(client, "op-2")
     early = await resolve_form(client, "op-2", COMMITTED_FORM)
     assert (

@@ -75,12 +75,27 @@ def _has_session(request: Request[Any, Any, Any]) -> bool:
 
 
 def incident_page(
-    request: Request[Any, Any, Any], session: ConsoleSession, incident: str, *, status: int = 200,
-    record: dict[str, Any] | None = None, purpose: str = "", problems: list[tuple[str, str]] | None = None,
+    request: Request[Any, Any, Any],
+    session: ConsoleSession,
+    incident: str,
+    *,
+    status: int = 200,
+    record: dict[str, Any] | None = None,
+    purpose: str = "",
+    problems: list[tuple[str, str]] | None = None,
 ) -> Template:
     """The incident page: the purpose prompt, or (after a recorded read) the record."""
-    return page(request, "incident.html", session, status=status, title=f"Incident {incident}",
-                incident_id=incident, record=record, purpose=purpose, problems=problems or [])
+    return page(
+        request,
+        "incident.html",
+        session,
+        status=status,
+        title=f"Incident {incident}",
+        incident_id=incident,
+        record=record,
+        purpose=purpose,
+        problems=problems or [],
+    )
 
 
 class ConsoleActions(Controller):

@@ -88,21 +88,43 @@ async def operation_context(
 
 
 async def filtered_list(
-    request: Request[Any, Any, Any], session: ConsoleSession, template: str, title: str, q: QueryProblems,
-    filters: dict[str, str], cursor_kind: str, fetch: Callable[[], Awaitable[reads.Page[Operation]]],
+    request: Request[Any, Any, Any],
+    session: ConsoleSession,
+    template: str,
+    title: str,
+    q: QueryProblems,
+    filters: dict[str, str],
+    cursor_kind: str,
+    fetch: Callable[[], Awaitable[reads.Page[Operation]]],
     **extra: Any,
 ) -> Template:
     """A paged list of operations behind filters: bad filters answer the same page with their problems."""
     try:
         q.check()
     except LedgerError as error:
-        return page(request, template, session, status=422, title=title, items=[], filters=filters,
-                    problems=_problems(error), next_cursor=None, **extra)
+        return page(
+            request,
+            template,
+            session,
+            status=422,
+            title=title,
+            items=[],
+            filters=filters,
+            problems=_problems(error),
+            next_cursor=None,
+            **extra,
+        )
     result = await fetch()
     return page(
-        request, template, session, title=title, filters=filters, problems=[],
+        request,
+        template,
+        session,
+        title=title,
+        filters=filters,
+        problems=[],
         items=[operation_view(op) for op in result.items],
-        next_cursor=encode_cursor(cursor_kind, result.next_key), **extra,
+        next_cursor=encode_cursor(cursor_kind, result.next_key),
+        **extra,
     )
 
 
@@ -169,10 +191,21 @@ class ConsolePages(Controller):
         if operation_id and not OPERATION_ID.match(operation_id.strip()):
             q.errors.append(("operation_id", "must be 1-200 characters of [A-Za-z0-9._:~-]"))
         return await filtered_list(
-            request, session, "operations.html", "Operations", q, filters, LIST_CURSOR,
+            request,
+            session,
+            "operations.html",
+            "Operations",
+            q,
+            filters,
+            LIST_CURSOR,
             lambda: reads.list_operations(
-                ledger_of(request), session.caller.tenant, status=wanted, tool=tool_name,
-                updated_before=before, after=after, limit=int(PAGE_SIZE),
+                ledger_of(request),
+                session.caller.tenant,
+                status=wanted,
+                tool=tool_name,
+                updated_before=before,
+                after=after,
+                limit=int(PAGE_SIZE),
             ),
             statuses=STATUSES,
         )
@@ -216,10 +249,22 @@ class ConsolePages(Controller):
         start, end = q.timestamp("since", since), q.timestamp("until", until)
         after = q.cursor(cursor, RECEIPTS_CURSOR)
         return await filtered_list(
-            request, session, "receipts.html", "Receipts", q, filters, RECEIPTS_CURSOR,
+            request,
+            session,
+            "receipts.html",
+            "Receipts",
+            q,
+            filters,
+            RECEIPTS_CURSOR,
             lambda: reads.list_receipts(
-                ledger_of(request), session.caller.tenant, since=start, until=end, tool=tool_name,
-                principal=who, after=after, limit=int(PAGE_SIZE),
+                ledger_of(request),
+                session.caller.tenant,
+                since=start,
+                until=end,
+                tool=tool_name,
+                principal=who,
+                after=after,
+                limit=int(PAGE_SIZE),
             ),
         )
 
