@@ -234,6 +234,7 @@ async def test_refusals_read_as_sentences(console: Service, browser: Browser) ->
     await shot(page, "error-404", full=False)
 
 
+@pytest.mark.timeout(360)  # fourteen pages through axe-core on a shared CI machine
 async def test_every_main_page_passes_axe_and_fits_a_phone(console: Service, browser: Browser) -> None:
     headers = {"Authorization": f"Bearer {token()}"}
     async with httpx.AsyncClient(base_url=console.base_url) as http:
