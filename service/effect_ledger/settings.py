@@ -27,6 +27,7 @@ class Settings:
     jwt_algorithm: str = "HS256"
     jwt_audience: str = "effect-ledger"
     jwt_issuer: str = "effect-ledger"
+    console_session_key: str | None = None  # seals console session cookies; absent -> from the HS256 secret
     retention_days: int = 30  # terminal operations and their events are purged after this
     diagnostics_retention_days: int = 14
     access_log_retention_days: int = 365

@@ -17,6 +17,14 @@ from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
+from effect_ledger.http.console import (
+    CONSOLE_ROUTES,
+    ConsoleHeaders,
+    Sealer,
+    console_aware,
+    session_key,
+    template_config,
+)
 from effect_ledger.http.diagnostics import DiagnosticsController
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
@@ -32,7 +40,7 @@ from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
 ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
-                     ReconcilerController, AuditController, metrics_endpoint]
+                     ReconcilerController, AuditController, metrics_endpoint, *CONSOLE_ROUTES]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -62,7 +70,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
 
     app = Litestar(
         route_handlers=ROUTES,
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=console_aware(EXCEPTION_HANDLERS),  # console paths answer with pages
+        template_config=template_config(),
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
         lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics),
                   lambda _: watch_backlog(settings, metrics.observe_backlog)],
@@ -78,10 +87,12 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         logging_config=None,  # logs.configure_logging owns logging: JSON, redacted
     )
     # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too.
-    app.asgi_handler = RequestTelemetry(app.asgi_handler, metrics)
+    app.asgi_handler = RequestTelemetry(ConsoleHeaders(app.asgi_handler), metrics)
     document_problems(app)
     app.state.metrics = metrics
     app.state.verifier = verifier
+    shared_secret = (jwt_secret or settings.jwt_secret) if settings.jwt_algorithm == "HS256" else None
+    app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))
     app.state.migration_head = head_revision()
     app.state.settings = settings
     return app
