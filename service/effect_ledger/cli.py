@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
-    from effect_ledger.runtime import database, export_settings, with_jwt_secret
+    from effect_ledger.runtime import database, export_settings, shared_rate_limits, with_jwt_secret
 
     configure_logging(settings.log_level)
     settings = with_jwt_secret(settings)
@@ -63,7 +63,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
     signal.signal(signal.SIGTERM, _exit_quietly)
     signal.signal(signal.SIGINT, _exit_quietly)
-    with database(settings, run_migrations=not settings.database_url) as ready:
+    with database(settings, run_migrations=not settings.database_url) as migrated, \
+            shared_rate_limits(migrated) as ready:  # one bucket file for every worker
         export_settings(ready)
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
         try:
@@ -124,18 +125,38 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     schema = sub.add_parser("schema", help="regenerate schema/ledger.sql and schema/openapi.json")
     schema.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
-    from effect_ledger.bench.command import add_bench_flags
-
-    add_bench_flags(sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit"))
+    bench = sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit")
+    bench_module = _bench_module()
+    if bench_module is not None:
+        bench_module.add_bench_flags(bench)
     return parser
+
+
+def _bench_module() -> Any:
+    """The bench's command module, imported by name: the bench lives outside the product's packages."""
+    import importlib
+
+    try:
+        return importlib.import_module("effect_ledger_bench.command")
+    except ModuleNotFoundError:
+        return None
+
+
+@command("bench")
+def bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the bench (package effect_ledger_bench, extra [bench]), or say how to install it."""
+    bench_module = _bench_module()
+    if bench_module is None:
+        print("effect-ledger bench is not installed: pip install 'effect-ledger[bench]'", file=sys.stderr)
+        return 2
+    return int(bench_module.bench_command(args, settings))
 
 
 def _register_commands() -> None:
     """Import the modules whose @command functions live outside this file."""
     import importlib
 
-    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.bench.command",
-               "effect_ledger.demo.command")
+    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.demo.command")
     for module in modules:
         importlib.import_module(module)
 

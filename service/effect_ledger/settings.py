@@ -34,6 +34,9 @@ class Settings:
     pool_size: int = 10  # runtime connections per worker
     reader_pool_size: int = 2  # diagnostics reader connections per worker
     pool_acquire_timeout_ms: int = 2000  # waiting longer for a connection answers 503
+    pool_max_waiting: int = 100  # requests queued for a runtime connection per worker; more are shed (503)
+    pool_shed_wait_ms: int = 1000  # while the oldest queued request waited longer, new ones are shed (503)
+    audit_pool_size: int = 3  # runtime connections per worker kept for reconciler and audit calls
     statement_timeout_ms: int = 5000
     lock_timeout_ms: int = 2000
     idle_in_transaction_timeout_ms: int = 10000
@@ -43,7 +46,12 @@ class Settings:
     sweep_batch_size: int = 100  # operations locked and swept per transaction
     purge_interval_seconds: int = 3600  # how often serve's background purge runs
     purge_batch_size: int = 500  # operations (with their events) deleted per transaction
+    backlog_interval_seconds: int = 30  # how often serve reads the backlog gauges (0: never)
     log_level: str = "info"
+    rate_limit_per_second: int = 200  # per tenant+principal over all workers; 0 switches the limit off
+    rate_limit_burst: int = 400  # tokens a tenant+principal may spend at once; 0 switches the limit off
+    rate_limit_overrides: str | None = None  # JSON (or a JSON file's path): tenant -> per_second, burst
+    rate_limit_store: str | None = None  # bucket file shared by workers; serve makes one for workers > 1
     shutdown_timeout_seconds: int = 20
 
     @classmethod

@@ -10,9 +10,9 @@ from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
-from effect_ledger import __version__
+from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import background_maintenance
+from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
@@ -32,6 +32,7 @@ from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
 from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
@@ -47,16 +48,23 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     configure_logging(settings.log_level)
     verifier = TokenVerifier(settings, jwt_secret)
     metrics = Metrics()
+    tracing.configure_from_env()  # off unless the OTEL_* variables ask for traces
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pools = await Pools.open(settings)
         app.state.pools = pools
-        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, LedgerTelemetry(metrics))
-        metrics.watch_pools(runtime=pools.runtime, reader=pools.reader)  # published from start-up on
+        observer = LedgerTelemetry(metrics)
+        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, observer)
+        app.state.audit_ledger = Ledger(pools.audit or pools.runtime, pools.acquire_timeout, observer)
+        # published from start-up on
+        metrics.watch_pools(pools.admissions, runtime=pools.runtime, audit=pools.audit, reader=pools.reader)
+        limiter = RateLimiter.from_settings(settings, metrics.rate_limit_overflow.inc)
+        app.state.limiter = limiter
         try:
             yield
         finally:
+            limiter.close()
             await pools.close()
             metrics.close()
 
@@ -65,7 +73,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         exception_handlers=console_aware(EXCEPTION_HANDLERS),  # console paths answer with pages
         template_config=template_config(),
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
-        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics)],
+        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics),
+                  lambda _: watch_backlog(settings, metrics.observe_backlog)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",

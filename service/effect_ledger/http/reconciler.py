@@ -16,7 +16,7 @@ from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 from effect_ledger.domain.transitions import Decision, Report, decide_resolve
 from effect_ledger.http.auth import AUDIT, RECONCILE, Caller, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
@@ -100,7 +100,7 @@ class ReconcilerController(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         page = await reads.list_operations(
-            ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
+            audit_ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
             updated_before=before, after=after, limit=page_size,
         )
         return Response({
@@ -114,5 +114,5 @@ class ReconcilerController(Controller):
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
         check_operation_id(operation_id)
-        op = await resolve_operation(ledger_of(request), caller_of(request), operation_id, data)
+        op = await resolve_operation(audit_ledger_of(request), caller_of(request), operation_id, data)
         return view_response(op)
