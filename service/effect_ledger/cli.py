@@ -104,7 +104,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
-    from effect_ledger.runtime import database, export_settings, with_jwt_secret
+    from effect_ledger.runtime import database, export_settings, shared_rate_limits, with_jwt_secret
 
     configure_logging(settings.log_level, settings.log_format)
     configured = settings
@@ -113,7 +113,10 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
     signal.signal(signal.SIGTERM, _exit_quietly)
     signal.signal(signal.SIGINT, _exit_quietly)
-    with database(settings, run_migrations=not settings.database_url) as ready:
+    with (
+        database(settings, run_migrations=not settings.database_url) as migrated,
+        shared_rate_limits(migrated) as ready,
+    ):  # one bucket file for every worker
         export_settings(ready)
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
         _announce(configured, ready)

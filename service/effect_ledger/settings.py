@@ -96,6 +96,11 @@ class Settings:
     )
     jwt_audience: str = setting("effect-ledger", "required `aud`")
     jwt_issuer: str = setting("effect-ledger", "required `iss`")
+    console_session_key: str | None = setting(
+        None,
+        "seals the console's session cookies (AES-GCM); absent: derived from the HS256 secret, else random "
+        "per process (set it when running several workers with RS256/ES256/EdDSA)",
+    )
     retention_days: int = setting(
         30, "terminal operations and their events are purged after this many days", at_least(1)
     )
@@ -107,6 +112,21 @@ class Settings:
     reader_pool_size: int = setting(2, "diagnostics-reader connections per worker", at_least(1))
     pool_acquire_timeout_ms: int = setting(
         2000, "waiting longer for a pooled connection answers 503", at_least(1)
+    )
+    pool_max_waiting: int = setting(
+        100,
+        "requests queued for a runtime connection per worker; the next one is shed at once (503)",
+        at_least(0),
+    )
+    pool_shed_wait_ms: int = setting(
+        1000,
+        "while the oldest queued request has waited longer than this, new ones are shed at once (503)",
+        at_least(1),
+    )
+    audit_pool_size: int = setting(
+        3,
+        "runtime connections per worker kept for reconciler and audit calls (never used by executors)",
+        at_least(1),
     )
     statement_timeout_ms: int = setting(5000, "`statement_timeout` of every connection", at_least(1))
     lock_timeout_ms: int = setting(
@@ -129,8 +149,28 @@ class Settings:
     purge_batch_size: int = setting(
         500, "operations (with their events) deleted per transaction", at_least(1)
     )
+    backlog_interval_seconds: int = setting(
+        30,
+        "how often `serve` reads the unknown-outcome and purge backlog gauges across tenants (`0`: never)",
+        at_least(0),
+    )
     log_level: str = setting(
         "info", "`debug`, `info`, `warning` or `error`", one_of("debug", "info", "warning", "error")
+    )
+    rate_limit_per_second: int = setting(
+        200,
+        "requests per second per tenant+principal over all workers of one `serve`; `0`: no limit",
+        at_least(0),
+    )
+    rate_limit_burst: int = setting(
+        400, "requests a tenant+principal may send at once (the bucket's size); `0`: no limit", at_least(0)
+    )
+    rate_limit_overrides: str | None = setting(
+        None,
+        'per-tenant limits: JSON, or the path of a JSON file, `{"tenant": {"per_second": n, "burst": n}}`',
+    )
+    rate_limit_store: str | None = setting(
+        None, "the bucket file shared by the workers; `serve --workers N` (N > 1) creates one when absent"
     )
     log_format: str = setting(
         "auto",
@@ -222,7 +262,7 @@ def shown_value(name: str, value: Any) -> str:
     """A setting's value as `effect-ledger config` prints it: secrets hidden, URLs without passwords."""
     if value is None:
         return ""
-    if "secret" in name:
+    if name.endswith(("_secret", "_key")):
         return "(hidden)"
     if name.endswith("_url"):
         parts = urlsplit(str(value))
@@ -261,6 +301,7 @@ it must be. `effect-ledger config` prints the values in effect (secrets and pass
 |---|---|---|---|---|
 {rows}
 
-Outside the settings object: `PROMETHEUS_MULTIPROC_DIR` (see the README's Metrics section) and
-`EFFECT_LEDGER_MIGRATIONS_DIR` (where `alembic/` is, when not beside the sources or in `/app`).
+Outside the settings object: `PROMETHEUS_MULTIPROC_DIR` (see the README's Metrics section),
+`EFFECT_LEDGER_MIGRATIONS_DIR` (where `alembic/` is, when not beside the sources or in `/app`), and the
+standard `OTEL_*` variables, which switch traces on (see [overload-and-tracing.md](overload-and-tracing.md)).
 """

@@ -30,6 +30,7 @@ from effect_ledger.client.models import (
 )
 from effect_ledger.client.reconciler import Lookup, ReconcileReport, reconcile_unknown
 from effect_ledger.client.retry import RetryPolicy, send_with_retries
+from effect_ledger.client.telemetry import CallStats, trace_headers
 from effect_ledger.domain.timefmt import format_ts
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class LedgerClient:
         limits: httpx.Limits | None = None,
     ) -> None:
         self.retry = retry or RetryPolicy()
+        self.stats = CallStats()
         self._token = token
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
@@ -113,9 +115,20 @@ class LedgerClient:
     ) -> httpx.Response:
         """Send one API call with the client's retry policy; raise its typed problem on an error answer."""
         content = None if body is None else msgspec.json.encode(body)
+        stats = self.stats
+        stats.calls += 1
+        sent = 0
 
         async def send(seconds: float) -> httpx.Response:
+            nonlocal sent
+            sent += 1
+            stats.requests += 1
+            if sent > 1:
+                stats.retries += 1
+                if sent == 2:
+                    stats.retried_calls += 1
             headers = dict(JSON_HEADERS) if content is not None else {}
+            headers.update(trace_headers())
             if authenticated:
                 token = self._token() if callable(self._token) else self._token
                 headers["Authorization"] = f"Bearer {token}"
