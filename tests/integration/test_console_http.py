@@ -1,4 +1,4 @@
-"""The console over plain HTTP (API.md section 13): sign-in, cookie flags, headers, CSRF, scopes,
+"""The console over plain HTTP (docs/api.md section 13): sign-in, cookie flags, headers, CSRF, scopes,
 tenants, error pages, and that no token ever shows up in a page, a URL or a log line."""
 
 from __future__ import annotations

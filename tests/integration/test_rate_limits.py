@@ -1,4 +1,4 @@
-"""429 rate_limited per tenant+principal (API.md sections 4 and 11), checked before any database work.
+"""429 rate_limited per tenant+principal (docs/api.md sections 4 and 11), checked before any database work.
 
 The limited tenant's override refills one token every 1,000 s, so the only tokens a test can spend
 are the burst: the counts below are exact whatever the machine's speed.

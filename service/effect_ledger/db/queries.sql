@@ -256,7 +256,7 @@ USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
 
 -- ---------------------------------------------------------------------------------------------
--- Protected diagnostics (API.md section 9). The runtime role inserts incidents but cannot read
+-- Protected diagnostics (docs/api.md section 9). The runtime role inserts incidents but cannot read
 -- them, so nothing here uses RETURNING on incidents; the reader role reads them and appends to
 -- the access log in the same transaction.
 

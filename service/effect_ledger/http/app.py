@@ -8,7 +8,6 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
@@ -26,6 +25,7 @@ from effect_ledger.http.console import (
     template_config,
 )
 from effect_ledger.http.diagnostics import DiagnosticsController
+from effect_ledger.http.docs import docs_assets, docs_plugin
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
@@ -45,7 +45,7 @@ ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, Diag
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
     """Build the app for `settings`; pools open at start-up and close at shutdown."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     verifier = TokenVerifier(settings, jwt_secret)
     metrics = Metrics()
     tracing.configure_from_env()  # off unless the OTEL_* variables ask for traces
@@ -69,7 +69,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             metrics.close()
 
     app = Litestar(
-        route_handlers=ROUTES,
+        route_handlers=[*ROUTES, docs_assets()],
         exception_handlers=console_aware(EXCEPTION_HANDLERS),  # console paths answer with pages
         template_config=template_config(),
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
@@ -81,7 +81,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             version=__version__,
             description="Claims, fenced transitions, receipts and reconciliation for side effects.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=[docs_plugin()],
         ),
         debug=False,
         logging_config=None,  # logs.configure_logging owns logging: JSON, redacted

@@ -1,4 +1,4 @@
-"""Audit calls of API.md section 8: events, the receipts feed, chain verification, the access log."""
+"""Audit calls of docs/api.md section 8: events, the receipts feed, chain verification, the access log."""
 
 from __future__ import annotations
 

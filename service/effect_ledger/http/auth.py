@@ -127,7 +127,7 @@ def requires(*scopes: str) -> Guard:
         caller = authenticate(connection)
         if scopes and caller.scopes.isdisjoint(scopes):
             raise LedgerError("forbidden", "The token lacks the scope this call needs.")
-        # After the token, before the body is read and before any database work (API.md section 4).
+        # After the token, before the body is read and before any database work (docs/api.md section 4).
         limiter: RateLimiter | None = getattr(connection.app.state, "limiter", None)
         if limiter is not None:
             limiter.check(caller.tenant, caller.principal)

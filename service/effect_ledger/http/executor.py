@@ -1,4 +1,4 @@
-"""Executor calls of API.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
+"""Executor calls of docs/api.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per tenant+principal rate limit (API.md sections 4 and 11), checked right after the token.
+"""The per tenant+principal rate limit (docs/api.md sections 4 and 11), checked right after the token.
 
 One token bucket per (tenant, principal), refilled at `RATE_LIMIT_PER_SECOND` up to
 `RATE_LIMIT_BURST`; `RATE_LIMIT_OVERRIDES` gives single tenants other numbers. The check runs in the

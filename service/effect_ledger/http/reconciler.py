@@ -1,4 +1,4 @@
-"""Reconciler calls of API.md section 7: the keyset-paged list of operations, and resolve from evidence."""
+"""Reconciler calls of docs/api.md section 7: the keyset-paged operations list, and resolve from evidence."""
 
 from __future__ import annotations
 

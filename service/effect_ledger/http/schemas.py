@@ -71,7 +71,7 @@ class ReasonBody(Struct, forbid_unknown_fields=True):
 
 
 class DiagnosticsBody(Struct, forbid_unknown_fields=True):
-    """The diagnostics fields of API.md section 9 (POST /v1/diagnostics, and complete's `diagnostics`)."""
+    """The diagnostics fields of docs/api.md section 9 (POST /v1/diagnostics and complete's `diagnostics`)."""
 
     operation_id: Annotated[str, Meta(pattern=OPERATION_ID.pattern)] | None = None
     attempt: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None

@@ -1,4 +1,4 @@
-"""The web console of API.md section 13: server-rendered pages for operators and auditors.
+"""The web console of docs/api.md section 13: server-rendered pages for operators and auditors.
 
 It runs in the service's own process and calls the same repository functions as the API handlers;
 the sign-in session is a sealed cookie carrying the token, verified by the API's verifier on every

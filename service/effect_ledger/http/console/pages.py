@@ -1,4 +1,4 @@
-"""The console's read pages (API.md section 13): each calls the same repository functions as the API.
+"""The console's read pages (docs/api.md section 13): each calls the same repository functions as the API.
 
 Every page first asks for the signed-in session with the scopes the matching API call needs, so the
 console never shows more than the token could fetch through `/v1`.
@@ -314,7 +314,7 @@ class ConsolePages(Controller):
 
     @get("/sessions/{session_id:str}")
     async def journal_session(self, request: Request[Any, Any, Any], session_id: FromPath[str]) -> Template:
-        """STUB until the run journal (API.md section 12) is merged: the coordinator wires it here.
+        """STUB until the run journal (docs/api.md section 12) is merged: the coordinator wires it here.
 
         TODO(journal): read the projection through the journal's own repository function with the
         journal:read (own sessions) / ledger:audit (any session of the tenant) rules, and render each
