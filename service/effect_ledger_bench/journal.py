@@ -1,4 +1,4 @@
-"""8. The run journal: appends of 5-record batches and projections of 1,000-record sessions, through the
+"""9. The run journal: appends of 5-record batches and projections of 1,000-record sessions, through the
 service over HTTP and, for comparison, the same statements on asyncpg alone (no HTTP, auth or domain).
 
 The HTTP load comes from this process (the bench's minimal keep-alive client, one connection per
@@ -281,7 +281,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "8",
+                "9",
                 f"journal: appends, {BATCH}-record batches, {config.writers} writers",
                 f"{http_appends.request_rate:,.0f} appends/s",
                 http_appends.latency("append"),
@@ -290,7 +290,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "8",
+                "9",
                 "journal: PostgreSQL alone, same inserts",
                 f"{sql_appends.request_rate:,.0f} appends/s",
                 sql_appends.latency("append"),
@@ -306,7 +306,7 @@ async def run_journal(
         ratio = http_reads.request_rate / sql_reads.request_rate if sql_reads.request_rate else float("nan")
         rows.append(
             Row(
-                "8",
+                "9",
                 f"journal: projections, {config.session_records:,}-record sessions",
                 f"{http_reads.request_rate:,.0f} reads/s",
                 http_reads.latency("projection"),
@@ -315,7 +315,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "8",
+                "9",
                 "journal: PostgreSQL alone, same reads",
                 f"{sql_reads.request_rate:,.0f} reads/s",
                 sql_reads.latency("projection"),

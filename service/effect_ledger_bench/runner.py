@@ -24,6 +24,13 @@ from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
+from effect_ledger_bench.neighbour import (
+    FLOOD_PRINCIPAL,
+    FLOOD_TASKS,
+    FLOOD_TENANT,
+    QUIET_EXECUTORS,
+    neighbour_rows,
+)
 from effect_ledger_bench.procs import machine, tree_cpu_seconds
 from effect_ledger_bench.report import (
     CLAIM_P99_MS,
@@ -201,6 +208,7 @@ class Bench:
             self._service_rows(r, probe)
             await self.replay(gen, url)
             await self.contention(gen)
+            await self.neighbour(gen)
             await self.journal(service, url)
         finally:
             await service.stop()
@@ -268,8 +276,17 @@ class Bench:
             notes=f"{exact}/{len(hot)} IDs with exactly one 201 and {c.contention_executors - 1} x 409",
         ))
 
+    async def neighbour(self, gen: Generator) -> None:
+        """8. The quiet tenant's claim p99 alone and beside a tenant flooding far above its limit."""
+        c = self.config
+        progress(f"neighbour: {QUIET_EXECUTORS} quiet executors alone, then beside a flood of "
+                 f"{FLOOD_TASKS} connections, {c.replay_duration:g} s each")
+        token = mint_token(self.secret, FLOOD_TENANT, FLOOD_PRINCIPAL, SCOPE, Settings.from_env(), 6 * 3600)
+        for row in await neighbour_rows(gen, token, min(c.warmup, 2.0), c.replay_duration):
+            self.add(row)
+
     async def journal(self, service: ServiceProcess, url: str) -> None:
-        """8. The run journal: appends and projections, over HTTP and on asyncpg alone."""
+        """9. The run journal: appends and projections, over HTTP and on asyncpg alone."""
         c = self.config
         settings = Settings.from_env()
         journal = JournalConfig(c.concurrency, c.concurrency, c.warmup, c.journal_duration, c.journal_records,
@@ -279,7 +296,7 @@ class Bench:
             return mint_token(self.secret, tenant, sub, scope, settings, 6 * 3600)
 
         base_url = f"http://{service.host}:{service.port}"
-        # measured while this service runs, printed after the ratios (row 8 follows 7)
+        # measured while this service runs, printed after the ratios (row 9 follows 7)
         self.deferred = await run_journal(url, base_url, token_for, journal, progress)
 
     async def growth(self) -> None:

@@ -74,10 +74,12 @@ from effect_ledger.client.reconciler import (
 )
 from effect_ledger.client.resume import PlannedCall, ResumePlan, SessionMoved, reopen
 from effect_ledger.client.retry import RetryPolicy
+from effect_ledger.client.telemetry import CallStats
 
 __all__ = [
     "AccessLogEntry",
     "AppendResult",
+    "CallStats",
     "ClaimGrant",
     "ClaimResult",
     "Committed",

@@ -7,16 +7,18 @@ stored twice. A RevisionConflict is not retried: the caller re-reads and decides
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
+import httpx
 from msgspec import Struct
 
-from effect_ledger.client.client import new_client_nonce
+from effect_ledger.client.retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from effect_ledger.client.client import LedgerClient
+T = TypeVar("T")
 
 __all__ = [
     "AppendResult",
@@ -154,10 +156,21 @@ class ContextSelection(Struct, kw_only=True):
     unresolved: list[str]
 
 
+class Transport(Protocol):
+    """What the journal calls need of LedgerClient (so client.py can import this module without a cycle)."""
+
+    async def request(
+        self, method: str, path: str, *, body: Any = None, params: Mapping[str, str | int] | None = None,
+        retry: RetryPolicy | None = None, authenticated: bool = True,
+    ) -> httpx.Response: ...
+
+    def decode(self, response: httpx.Response, kind: type[T]) -> T: ...
+
+
 class Journal:
     """The journal calls of one LedgerClient."""
 
-    def __init__(self, client: LedgerClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self.client = client
 
     @staticmethod
@@ -182,7 +195,7 @@ class Journal:
         body = {
             "expected_revision": expected_revision,
             "records": records,
-            "client_nonce": client_nonce or new_client_nonce(),
+            "client_nonce": client_nonce or secrets.token_urlsafe(24),  # as new_client_nonce() does
         }
         response = await self.client.request("POST", self._path(session_id, "/records"), body=body)
         result = self.client.decode(response, AppendResult)

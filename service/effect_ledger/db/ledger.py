@@ -145,7 +145,7 @@ async def apply_change(conn: asyncpg.Connection, tenant: str, op: Operation, cha
 
 
 async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    """Claim an operation ID: insert-or-learn-who-won, then the claim table of API.md section 6."""
+    """Claim an operation ID: insert-or-learn-who-won, then the claim table of docs/api.md section 6."""
     try:
         result = await _claim(ledger, tenant, req, nonce)
     except LedgerError as exc:

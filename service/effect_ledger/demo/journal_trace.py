@@ -11,12 +11,19 @@ and the answer is computed from the restored results alone.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from effect_ledger.client import LedgerClient, message, reopen, tool_call, tool_result
 
-if TYPE_CHECKING:
-    from effect_ledger.demo.scenario import Timeline
+
+class Timeline(Protocol):
+    """What the trace needs of the scenario's timeline (scenario.py imports this module, not the reverse)."""
+
+    def add(self, actor: str, action: str) -> None:
+        """One step, printed as it happens."""
+
+    def expect(self, what: str, held: bool) -> None:
+        """One expectation, checked at the end."""
 
 ORCHESTRATOR = "orchestrator"
 REQUEST = "Compare the latency of prototypes A and B."

@@ -1,4 +1,4 @@
-"""Executor calls of API.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
+"""Executor calls of docs/api.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from effect_ledger.domain.transitions import (
     decide_submit,
 )
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.context import caller_of, ledger_of, reading_ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
@@ -153,4 +153,5 @@ class ExecutorController(Controller):
         """One operation's view; another tenant's reads as not found."""
         check_operation_id(operation_id)
         caller = caller_of(request)
-        return view_response(await repo.get_operation(ledger_of(request), caller.tenant, operation_id))
+        op = await repo.get_operation(reading_ledger_of(request), caller.tenant, operation_id)
+        return view_response(op)

@@ -1,4 +1,4 @@
-"""Reconciler calls of API.md section 7: the keyset-paged list of operations, and resolve from evidence."""
+"""Reconciler calls of docs/api.md section 7: the keyset-paged operations list, and resolve from evidence."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from msgspec import Meta, Struct
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.db import reads
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import validation_failed
 from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 from effect_ledger.domain.transitions import Decision, Report, decide_resolve
-from effect_ledger.http.auth import AUDIT, RECONCILE, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.auth import AUDIT, RECONCILE, Caller, requires
+from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
@@ -56,6 +57,26 @@ def evidence_content(evidence: EvidenceBody) -> dict[str, Any]:
     return {"source": evidence.source, "lookup_ref": evidence.lookup_ref, "checked_at": checked_at}
 
 
+async def resolve_operation(
+    ledger: Ledger, caller: Caller, operation_id: str, data: ResolveBody
+) -> Operation:
+    """Resolve one operation from evidence: the one path the API and the console both take.
+
+    The seam where resolve meets the repository: re-point it here when the write path changes.
+    """
+    report = Report(
+        data.outcome,
+        receipt_content(data.receipt, data.outcome),
+        reason_content(data.reason, data.outcome),
+        evidence_content(data.evidence),
+    )
+
+    def decide(op: Operation) -> Decision:
+        return decide_resolve(op, caller.principal, report)
+
+    return await repo.transition(ledger, caller.tenant, operation_id, decide, "resolve")
+
+
 class ReconcilerController(Controller):
     """Find operations whose outcome is unknown and settle them from evidence."""
 
@@ -79,7 +100,7 @@ class ReconcilerController(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         page = await reads.list_operations(
-            ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
+            audit_ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
             updated_before=before, after=after, limit=page_size,
         )
         return Response({
@@ -93,16 +114,5 @@ class ReconcilerController(Controller):
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
         check_operation_id(operation_id)
-        caller = caller_of(request)
-        report = Report(
-            data.outcome,
-            receipt_content(data.receipt, data.outcome),
-            reason_content(data.reason, data.outcome),
-            evidence_content(data.evidence),
-        )
-
-        def decide(op: Operation) -> Decision:
-            return decide_resolve(op, caller.principal, report)
-
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "resolve")
+        op = await resolve_operation(audit_ledger_of(request), caller_of(request), operation_id, data)
         return view_response(op)

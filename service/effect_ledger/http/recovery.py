@@ -1,4 +1,4 @@
-"""POST /v1/recovery/decide (API.md section 10): the pure next-action decision, for any valid token."""
+"""POST /v1/recovery/decide (docs/api.md section 10): the pure next-action decision, for any valid token."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class RecoveryController(Controller):
     async def decide_recovery(
         self, request: Request[Any, Any, Any], data: JSONBody[DecideBody]
     ) -> dict[str, Any]:
-        """Reconcile, stop (with a reason) or retry (with a delay), by the rules of API.md section 10."""
+        """Reconcile, stop (with a reason) or retry (with a delay), by the rules of docs/api.md section 10."""
         # Litestar's own decoding is lax ("10" would pass as 10); the contract says integers.
         data = await strict_body(request, DecideBody)
         inp = RecoveryInput(

@@ -71,7 +71,7 @@ class ReasonBody(Struct, forbid_unknown_fields=True):
 
 
 class DiagnosticsBody(Struct, forbid_unknown_fields=True):
-    """The diagnostics fields of API.md section 9 (POST /v1/diagnostics, and complete's `diagnostics`)."""
+    """The diagnostics fields of docs/api.md section 9 (POST /v1/diagnostics and complete's `diagnostics`)."""
 
     operation_id: Annotated[str, Meta(pattern=OPERATION_ID.pattern)] | None = None
     attempt: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None
@@ -102,7 +102,11 @@ _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 async def strict_body(request: Any, kind: type[S]) -> S:
     """Decode the cached body again, strictly: Litestar's own conversion is lax ("30" becomes 30)."""
-    raw = await request.body()
+    return decode_strict(await request.body(), kind)
+
+
+def decode_strict(raw: bytes, kind: type[S]) -> S:
+    """Decode JSON into `kind` strictly; a mismatch is one validation_failed naming the field."""
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
