@@ -65,6 +65,15 @@ def _reader(caller: Caller) -> str | None:
     return None if AUDIT in caller.scopes else caller.principal
 
 
+async def session_projection(
+    request: Request[Any, Any, Any], caller: Caller, session_id: str
+) -> dict[str, Any]:
+    """The projection answer of one session the caller may read (the API's and the console's)."""
+    sid = _session_id(session_id)
+    snap, operations = await repo.read_with_effects(ledger_of(request), caller.tenant, sid, _reader(caller))
+    return projection_view(sid, snap.revision, [(seq, r) for seq, _, r in snap.records], operations)
+
+
 def _metrics(request: Request[Any, Any, Any]) -> JournalMetrics:
     metrics: JournalMetrics = request.app.state.journal_metrics
     return metrics
@@ -197,13 +206,11 @@ class JournalController(Controller):
         metrics = _metrics(request)
         async with metrics.observe("projection", reducer=REDUCER) as line:
             line["session_id"] = sid = _session_id(session_id)
-            caller = caller_of(request)
-            snap, operations = await repo.read_with_effects(
-                ledger_of(request), caller.tenant, sid, _reader(caller)
-            )
-            answer = projection_view(sid, snap.revision, [(seq, r) for seq, _, r in snap.records], operations)
+            answer = await session_projection(request, caller_of(request), sid)
             metrics.unresolved.inc(len(answer["unresolved"]))
-            line.update(revision=snap.revision, unresolved=len(answer["unresolved"]), digest=answer["digest"])
+            line.update(
+                revision=answer["revision"], unresolved=len(answer["unresolved"]), digest=answer["digest"]
+            )
         return Response(answer)
 
     @get(SESSION_PATH + "/context", guards=[requires(JOURNAL_READ, AUDIT)])
