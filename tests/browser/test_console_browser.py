@@ -134,11 +134,20 @@ async def seed_session(service: Service) -> str:
     sid = str((await api(service, "POST", "/v1/sessions", {"labels": {"task": "checkout"}}))["session_id"])
 
     def call(call_id: str, op: str | None) -> dict[str, Any]:
-        return {"type": "tool_call", "call_id": call_id, "name": "payments.charge", "arguments": {"cart": call_id},
-                "operation_id": op}
+        return {
+            "type": "tool_call",
+            "call_id": call_id,
+            "name": "payments.charge",
+            "arguments": {"cart": call_id},
+            "operation_id": op,
+        }
 
-    records = [{"type": "message", "role": "user", "content": "Charge the three open carts."},
-               call("cart-81", "charge-7781"), call("cart-01", "charge-7701"), call("cart-99", None)]
+    records = [
+        {"type": "message", "role": "user", "content": "Charge the three open carts."},
+        call("cart-81", "charge-7781"),
+        call("cart-01", "charge-7701"),
+        call("cart-99", None),
+    ]
     await api(service, "POST", f"/v1/sessions/{sid}/records", {"expected_revision": 0, "records": records})
     return sid
 

@@ -160,8 +160,14 @@ class Transport(Protocol):
     """What the journal calls need of LedgerClient (so client.py can import this module without a cycle)."""
 
     async def request(
-        self, method: str, path: str, *, body: Any = None, params: Mapping[str, str | int] | None = None,
-        retry: RetryPolicy | None = None, authenticated: bool = True,
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        retry: RetryPolicy | None = None,
+        authenticated: bool = True,
     ) -> httpx.Response: ...
 
     def decode(self, response: httpx.Response, kind: type[T]) -> T: ...

@@ -32,8 +32,12 @@ def run_demo(settings: Settings) -> int:
     from effect_ledger.http.auth import mint_token
 
     secret = secrets.token_urlsafe(48)  # this run's own signing key; nothing outside the demo knows it
-    scopes = {EXECUTOR: "ledger:execute", RECONCILER: "ledger:reconcile", AUDITOR: "ledger:audit",
-              ORCHESTRATOR: "journal:write journal:read"}
+    scopes = {
+        EXECUTOR: "ledger:execute",
+        RECONCILER: "ledger:reconcile",
+        AUDITOR: "ledger:audit",
+        ORCHESTRATOR: "journal:write journal:read",
+    }
     tokens = {sub: mint_token(secret, TENANT, sub, scope, Settings()) for sub, scope in scopes.items()}
     print(INTRO, flush=True)
     timeline = Timeline()

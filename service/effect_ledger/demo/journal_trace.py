@@ -25,6 +25,7 @@ class Timeline(Protocol):
     def expect(self, what: str, held: bool) -> None:
         """One expectation, checked at the end."""
 
+
 ORCHESTRATOR = "orchestrator"
 REQUEST = "Compare the latency of prototypes A and B."
 
