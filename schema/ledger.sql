@@ -3,6 +3,8 @@
 
 CREATE SCHEMA diagnostics;
 
+CREATE SCHEMA journal;
+
 CREATE SCHEMA ledger;
 
 CREATE FUNCTION ledger.refuse_event_change() RETURNS trigger
@@ -53,6 +55,41 @@ CREATE TABLE diagnostics.incidents (
 );
 
 ALTER TABLE ONLY diagnostics.incidents FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE journal.records (
+    tenant_id text NOT NULL,
+    session_id text NOT NULL,
+    seq integer NOT NULL,
+    record jsonb NOT NULL,
+    schema integer NOT NULL,
+    jcs_bytes integer NOT NULL,
+    accepted_at timestamp with time zone NOT NULL,
+    CONSTRAINT records_jcs_bytes_check CHECK ((jcs_bytes >= 2)),
+    CONSTRAINT records_schema_check CHECK ((schema >= 1)),
+    CONSTRAINT records_seq_check CHECK ((seq >= 1))
+);
+
+ALTER TABLE ONLY journal.records FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE journal.sessions (
+    tenant_id text NOT NULL,
+    session_id text NOT NULL,
+    principal text NOT NULL,
+    revision integer DEFAULT 0 NOT NULL,
+    schema integer DEFAULT 1 NOT NULL,
+    labels jsonb DEFAULT '{}'::jsonb NOT NULL,
+    causal jsonb DEFAULT '{}'::jsonb NOT NULL,
+    last_nonce_hash bytea,
+    last_base_revision integer,
+    last_batch_digest text,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT sessions_revision_check CHECK ((revision >= 0)),
+    CONSTRAINT sessions_schema_check CHECK ((schema >= 1)),
+    CONSTRAINT sessions_session_id_check CHECK ((session_id ~ '^ses_[A-Za-z0-9_-]{22,64}$'::text))
+);
+
+ALTER TABLE ONLY journal.sessions FORCE ROW LEVEL SECURITY;
 
 CREATE TABLE ledger.events (
     tenant_id text NOT NULL,
@@ -117,6 +154,12 @@ ALTER TABLE ONLY diagnostics.access_log
 ALTER TABLE ONLY diagnostics.incidents
     ADD CONSTRAINT incidents_pkey PRIMARY KEY (tenant_id, incident_id);
 
+ALTER TABLE ONLY journal.records
+    ADD CONSTRAINT records_pkey PRIMARY KEY (tenant_id, session_id, seq);
+
+ALTER TABLE ONLY journal.sessions
+    ADD CONSTRAINT sessions_pkey PRIMARY KEY (tenant_id, session_id);
+
 ALTER TABLE ONLY ledger.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (tenant_id, operation_id, seq);
 
@@ -128,6 +171,8 @@ CREATE INDEX access_log_age ON diagnostics.access_log USING btree (at);
 CREATE INDEX access_log_by_time ON diagnostics.access_log USING btree (tenant_id, at, access_id);
 
 CREATE INDEX incidents_age ON diagnostics.incidents USING btree (created_at);
+
+CREATE INDEX sessions_idle ON journal.sessions USING btree (updated_at);
 
 CREATE INDEX operations_by_created ON ledger.operations USING btree (tenant_id, created_at, operation_id);
 
@@ -142,6 +187,9 @@ CREATE INDEX operations_terminal_age ON ledger.operations USING btree (updated_a
 CREATE TRIGGER events_append_only BEFORE DELETE OR UPDATE ON ledger.events FOR EACH ROW EXECUTE FUNCTION ledger.refuse_event_change();
 
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON ledger.events FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_event_change();
+
+ALTER TABLE ONLY journal.records
+    ADD CONSTRAINT records_tenant_id_session_id_fkey FOREIGN KEY (tenant_id, session_id) REFERENCES journal.sessions(tenant_id, session_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY ledger.events
     ADD CONSTRAINT events_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES ledger.operations(tenant_id, operation_id);
@@ -158,6 +206,18 @@ CREATE POLICY tenant_isolation ON diagnostics.access_log USING ((tenant_id = cur
 
 CREATE POLICY tenant_isolation ON diagnostics.incidents USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
+CREATE POLICY maintenance ON journal.records TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON journal.sessions TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+ALTER TABLE journal.records ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE journal.sessions ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY tenant_isolation ON journal.records USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON journal.sessions USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
 ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
@@ -173,6 +233,8 @@ CREATE POLICY tenant_isolation ON ledger.operations USING ((tenant_id = current_
 GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_runtime;
 GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_diag_reader;
 
+GRANT USAGE ON SCHEMA journal TO effect_ledger_runtime;
+
 GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
 
 GRANT SELECT ON TABLE diagnostics.access_log TO effect_ledger_runtime;
@@ -180,6 +242,10 @@ GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;
 
 GRANT INSERT ON TABLE diagnostics.incidents TO effect_ledger_runtime;
 GRANT SELECT ON TABLE diagnostics.incidents TO effect_ledger_diag_reader;
+
+GRANT SELECT,INSERT ON TABLE journal.records TO effect_ledger_runtime;
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE journal.sessions TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
 

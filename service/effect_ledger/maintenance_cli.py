@@ -33,5 +33,6 @@ def sweep_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def purge_command(args: argparse.Namespace, settings: Settings) -> int:
-    """Delete terminal operations older than the retention period (one run; skip if another is running)."""
+    """Delete terminal operations, old diagnostics and idle journal sessions past their retention (one run;
+    skip if another is running)."""
     return _run("purge", settings)

@@ -108,6 +108,13 @@ class Settings:
     access_log_retention_days: int = setting(
         365, "diagnostics access-log entries are purged after this many days", at_least(1)
     )
+    journal_retention_days: int = setting(
+        90, "journal sessions unchanged for this many days are purged with their records", at_least(1)
+    )
+    journal_max_records: int = setting(1000, "records per journal session (API.md section 12)", at_least(1))
+    journal_max_record_bytes: int = setting(
+        16384, "UTF-8 bytes of one journal record in its JCS form", at_least(64)
+    )
     pool_size: int = setting(10, "runtime connections per worker", at_least(1))
     reader_pool_size: int = setting(2, "diagnostics-reader connections per worker", at_least(1))
     pool_acquire_timeout_ms: int = setting(

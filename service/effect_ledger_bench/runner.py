@@ -22,6 +22,7 @@ from effect_ledger_bench.database import Cluster, Endpoint
 from effect_ledger_bench.floor import run_floor
 from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
+from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
 from effect_ledger_bench.neighbour import (
     FLOOD_PRINCIPAL,
@@ -61,12 +62,16 @@ class BenchConfig:
     workers: int = 2
     generator: str = "auto"
     database_url: str | None = None
+    journal_duration: float = 10.0
+    journal_records: int = 1000  # records per projected journal session
+    journal_sessions: int = 16
 
     @classmethod
     def smoke(cls) -> BenchConfig:
         """Tiny sizes: proves every row runs, in seconds; its figures mean nothing."""
         return cls(duration=1.0, warmup=0.0, growth_sizes=(0, 2000), growth_duration=1.0, replay_duration=1.0,
-                   contention_executors=8, hot_ids=10, workers=1)
+                   contention_executors=8, hot_ids=10, workers=1, journal_duration=1.0, journal_records=60,
+                   journal_sessions=2)
 
 
 @dataclass
@@ -120,6 +125,7 @@ class Bench:
         self.tokens = [mint_token(self.secret, TENANT, PRINCIPAL, SCOPE, settings, 6 * 3600)
                        for _ in range(executors)]
         self.rows: list[Row] = []
+        self.deferred: list[Row] = []
         self.limit_rate = self.floor_rate = self.service_rate = 0.0
         self.generator_name = "n/a"
 
@@ -203,6 +209,7 @@ class Bench:
             await self.replay(gen, url)
             await self.contention(gen)
             await self.neighbour(gen)
+            await self.journal(service, url)
         finally:
             await service.stop()
 
@@ -278,6 +285,20 @@ class Bench:
         for row in await neighbour_rows(gen, token, min(c.warmup, 2.0), c.replay_duration):
             self.add(row)
 
+    async def journal(self, service: ServiceProcess, url: str) -> None:
+        """9. The run journal: appends and projections, over HTTP and on asyncpg alone."""
+        c = self.config
+        settings = Settings.from_env()
+        journal = JournalConfig(c.concurrency, c.concurrency, c.warmup, c.journal_duration, c.journal_records,
+                                c.journal_sessions)
+
+        def token_for(tenant: str, sub: str, scope: str) -> str:
+            return mint_token(self.secret, tenant, sub, scope, settings, 6 * 3600)
+
+        base_url = f"http://{service.host}:{service.port}"
+        # measured while this service runs, printed after the ratios (row 9 follows 7)
+        self.deferred = await run_journal(url, base_url, token_for, journal, progress)
+
     async def growth(self) -> None:
         """6. The claim with 0, 1M, 5M operations already in the table (a fresh database)."""
         c = self.config
@@ -320,6 +341,8 @@ class Bench:
                              target=f">= {SERVICE_TO_LIMIT:.2f}: {verdict(to_limit >= SERVICE_TO_LIMIT)}"))
         self.add(Row("7", "ratio service/floor", f"{to_floor:.2f}",
                              notes="floor = asyncpg, same statements"))
+        for row in self.deferred:
+            self.add(row)
 
     def title(self) -> list[str]:
         """Lines above the table: machine, server, shape of the run."""

@@ -12,20 +12,31 @@ CLI = Path(sys.executable).with_name("effect-ledger")
 
 # (action, status, attempt) rows the timeline must show, in this order.
 EXPECTED_ROWS = [
+    ("orchestrator", r"comparison: request \+ call c-a \(measurement-a\) -> revision 2", "-", "-"),
     ("exec-1", r"claim measurement-a -> execute", "pending", "1"),
     ("exec-1", r"submit measurement-a \(effect_ref req-a-1\), then send it", "submitted", "1"),
     ("measure-svc", r"measure prototype A for req-a-1: 41.7 ms", "-", "-"),
     ("exec-1", r"commit measurement-a with receipt msr-a-0001", "committed", "1"),
+    ("orchestrator", r"comparison: result of c-a \(41.7 ms\) -> revision 3", "-", "-"),
+    ("orchestrator", r"comparison: call c-b \(measurement-b\) -> revision 4", "-", "-"),
+    ("orchestrator", r"branch: request \+ call c-b \(measurement-b\) -> revision 2", "-", "-"),
     ("exec-1", r"claim measurement-b -> execute", "pending", "1"),
     ("exec-1", r"submit measurement-b \(effect_ref req-b-1\), then send it", "submitted", "1"),
     ("measure-svc", r"measure prototype B for req-b-1: 38.2 ms", "-", "-"),
     ("exec-1", r"no answer within 0.25 s after submit -> record unknown", "unknown", "1"),
     ("exec-1", r"diagnostics stored as incident inc_\S+", "-", "-"),
+    # the composition trace: the unknown-effect branch reopens at revision 2, B ran once, plan: reconcile
+    ("orchestrator", r"restart: reopen branch, revision 2: c-b -> reconcile, B ran once", "-", "-"),
     ("exec-1", r"retry measurement-b -> refused: 409 outcome_unknown", "unknown", "1"),
     ("reconciler-1", r"list unknown operations -> measurement-b", "-", "-"),
     ("reconciler-1", r"look up req-b-1 in the measurement service -> found msr-b-0001", "unknown", "1"),
     ("reconciler-1", r"resolve measurement-b as committed, from that evidence", "committed", "1"),
     ("exec-1", r"claim measurement-b again -> reuse_receipt msr-b-0001", "committed", "1"),
+    ("orchestrator", r"reopen comparison at revision 4: c-b -> use_receipt msr-b-0001", "-", "-"),
+    ("orchestrator", r"comparison: c-b result from its receipt \(38.2 ms\) -> revision 5", "-", "-"),
+    # the completed comparison reopens at revision 5, still two executions, answered from restored results
+    ("orchestrator", r"reopen comparison at revision 5: settled, 2 executions", "-", "-"),
+    ("orchestrator", r"answer from the restored results: B is faster \(38.2 < 41.7 ms\)", "-", "-"),
     ("auditor-1", r"measurement-a history: pending > submitted > committed", "committed", "1"),
     ("auditor-1", r"verify measurement-a: 3 events, ok=True", "committed", "1"),
     ("auditor-1", r"measurement-b history: pending > submitted > unknown > committed", "committed", "1"),
@@ -46,8 +57,14 @@ def test_demo_exits_0_and_prints_the_timeline() -> None:
         pattern = rf"^\S+  {re.escape(actor)}\s+{action}\s+{re.escape(status)}\s+{re.escape(attempt)}$"
         assert re.match(pattern, line), (pattern, line)
     assert "[FAILED]" not in result.stdout
-    assert result.stdout.count("[ok]") == 10
-    assert result.stdout.rstrip().endswith("result: all 10 expectations held")
+    assert result.stdout.count("[ok]") == 13
+    assert result.stdout.rstrip().endswith("result: all 13 expectations held")
+    for held in (
+        "the unknown-effect branch reopened at revision 2 with B executed once; the plan says reconcile",
+        "the completed comparison reopened at revision 5 with the execution count still 2 and the answer"
+        " computed from the restored results",
+    ):
+        assert f"[ok] {held}" in result.stdout
 
 
 def test_demo_exits_1_when_it_cannot_run() -> None:

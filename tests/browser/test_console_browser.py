@@ -129,6 +129,29 @@ async def sign_in(page: Page, bearer: str, start: str = "/console/unknown") -> N
     await page.wait_for_url(lambda url: url.endswith(start) and "/console/login" not in url)
 
 
+async def seed_session(service: Service) -> str:
+    """A journal session whose pending calls name an unknown and a committed charge, and no operation."""
+    sid = str((await api(service, "POST", "/v1/sessions", {"labels": {"task": "checkout"}}))["session_id"])
+
+    def call(call_id: str, op: str | None) -> dict[str, Any]:
+        return {
+            "type": "tool_call",
+            "call_id": call_id,
+            "name": "payments.charge",
+            "arguments": {"cart": call_id},
+            "operation_id": op,
+        }
+
+    records = [
+        {"type": "message", "role": "user", "content": "Charge the three open carts."},
+        call("cart-81", "charge-7781"),
+        call("cart-01", "charge-7701"),
+        call("cart-99", None),
+    ]
+    await api(service, "POST", f"/v1/sessions/{sid}/records", {"expected_revision": 0, "records": records})
+    return sid
+
+
 @pytest.fixture
 async def console(service: Service) -> Service:
     """The service with a small, realistic tenant: unknown charges, receipts, an incident read."""
@@ -278,13 +301,13 @@ async def test_every_main_page_passes_axe_and_fits_a_phone(console: Service, bro
             "incidents": "/console/incidents",
             "access-log": "/console/access-log",
             "not-found": "/console/operations/nope",
-            "session": "/console/sessions/ses_example",
+            "journal-session": f"/console/sessions/{await seed_session(console)}",
         }
     )
     for name, path in list(pages.items())[1:]:
         await page.goto(path)
         findings += await serious(axe, page)
-        if name in ("overview", "operations-search", "receipts", "access-log"):
+        if name in ("overview", "operations-search", "receipts", "access-log", "journal-session"):
             await shot(page, name)
     assert findings == [], findings
     # A phone: 375 px wide, nothing scrolls sideways, the queue stacks into cards.

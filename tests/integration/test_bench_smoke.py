@@ -35,6 +35,10 @@ ROWS = [
     r"6 +growth: 2,000 rows, claim +[\d,]+ cycles/s .*p50 <= 1.25 x empty: (PASS|MISS)",
     r"7 +ratio service/limit +[\d.]+ +>= 0.30: (PASS|MISS)",
     r"7 +ratio service/floor +[\d.]+",
+    r"9 +journal: appends, 5-record batches, 16 writers +[\d,]+ appends/s .*, 0 unexpected answers",
+    r"9 +journal: PostgreSQL alone, same inserts +[\d,]+ appends/s .*, 0 unexpected answers",
+    r"9 +journal: projections, 60-record sessions +[\d,]+ reads/s .*, 0 unexpected answers",
+    r"9 +journal: PostgreSQL alone, same reads +[\d,]+ reads/s .*, 0 unexpected answers",
 ]
 
 

@@ -14,6 +14,7 @@ import msgspec
 from effect_ledger import __version__
 from effect_ledger.client.errors import LedgerClientError, LedgerProblem, LedgerUnreachable
 from effect_ledger.client.executor import Effect
+from effect_ledger.client.journal import Journal
 from effect_ledger.client.models import (
     AccessLogEntry,
     ClaimResult,
@@ -239,6 +240,11 @@ class LedgerClient:
         if intent_digest is not None:
             claim_body["intent_digest"] = intent_digest
         return Effect(self, operation_id, claim_body)
+
+    @property
+    def journal(self) -> Journal:
+        """The run journal's calls (docs/api.md section 12) over this client (see client/journal.py)."""
+        return Journal(self)
 
     # -- reconciler calls (docs/api.md section 7) ------------------------------------------------
 

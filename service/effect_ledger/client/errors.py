@@ -160,6 +160,31 @@ class SensitiveValueRejected(LedgerProblem):
     """422: a diagnostics value looks like a credential; nothing was stored."""
 
 
+class RevisionConflict(LedgerProblem):
+    """409: the journal session is at another revision. Not transient: re-read and decide."""
+
+    advice = "Read the session again and decide; do not re-send the batch blindly."
+
+    @property
+    def revision(self) -> int | None:
+        """The session's current revision."""
+        value = self.members.get("revision")
+        return value if isinstance(value, int) else None
+
+
+class InvalidHistory(LedgerProblem):
+    """422: a journal batch breaks the causal rules or a cap; nothing of it was stored."""
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        """[{"index": …, "problem": …}] as the server listed them."""
+        return list(self.members.get("errors") or [])
+
+
+class UnsupportedSchema(LedgerProblem):
+    """422: a journal record names a schema version newer than the service knows; nothing was stored."""
+
+
 class RateLimited(LedgerProblem):
     """429: the per tenant+principal limit was hit; `retry_after` says when to come back."""
 
@@ -188,6 +213,9 @@ CLASSES: dict[str, type[LedgerProblem]] = {
     "intent_conflict": IntentConflict,
     "validation_failed": ValidationFailed,
     "sensitive_value_rejected": SensitiveValueRejected,
+    "revision_conflict": RevisionConflict,
+    "invalid_history": InvalidHistory,
+    "unsupported_schema": UnsupportedSchema,
     "rate_limited": RateLimited,
     "internal": InternalError,
     "unavailable": Unavailable,

@@ -25,6 +25,7 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
+from effect_ledger.db.journal import purge_idle_sessions
 from effect_ledger.db.ledger import (
     UNOBSERVED,
     LedgerObserver,
@@ -184,11 +185,16 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
         # sets maintenance_scope('on') in its own transaction.
         purged = await purge_diagnostics(conn, settings)
         result.counts.update(incidents=purged.incidents, access_log=purged.access_log)
+        # Journal retention (issue 12): sessions idle for journal_retention_days, records with them.
+        result.counts["journal_sessions"] = await purge_idle_sessions(
+            conn, settings.journal_retention_days, settings.purge_batch_size
+        )
     return result
 
 
 async def purge(settings: Settings) -> RunResult:
-    """Delete terminal operations (and their events) untouched for retention_days; never any other."""
+    """Delete terminal operations (and their events) untouched for retention_days, never any other; then
+    expired diagnostics, and journal sessions unchanged for journal_retention_days (with their records)."""
     conn = await owner_connection(settings)
     try:
         return await _purge_on(conn, settings)

@@ -216,27 +216,33 @@ class Pools:
 
 @asynccontextmanager
 async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction", *, shed: bool = True
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction", *, shed: bool = True,
+    snapshot: bool = False,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
 
     The one place the service's requests reach the database: admission (shedding; `shed=False` for
     background writers that must neither be refused nor take a request's place in the queue) and
-    the database call's span both happen here.
+    the database call's span both happen here. `snapshot`: a read-only REPEATABLE READ transaction, so
+    that several reads see one snapshot (the journal's reads and projections).
     """
     with tracing.database_span(phase) as span:
         admission = _ADMISSIONS.get(id(pool)) if shed else None
-        async with _transaction(pool, admission, tenant, acquire_timeout, phase, span) as bound:
+        async with _transaction(pool, admission, tenant, acquire_timeout, phase, span, snapshot) as bound:
             yield bound
 
 
 @asynccontextmanager
 async def _transaction(
     pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, phase: str,
-    span: tracing.Span,
+    span: tracing.Span, snapshot: bool = False,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    options: dict[str, Any] = {"isolation": "repeatable_read", "readonly": True} if snapshot else {}
     try:
-        async with _connection(pool, admission, tenant, acquire_timeout, span) as conn, conn.transaction():
+        async with (
+            _connection(pool, admission, tenant, acquire_timeout, span) as conn,
+            conn.transaction(**options),
+        ):
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:

@@ -309,3 +309,72 @@ DELETE FROM diagnostics.access_log
 WHERE (tenant_id, access_id) IN (
     SELECT tenant_id, access_id FROM diagnostics.access_log
     WHERE at < $1 ORDER BY at LIMIT $2);
+
+-- ---------------------------------------------------------------------------------------------
+-- The run journal (API.md section 12): owned sessions and their records. Ownership is part of
+-- every WHERE clause, so a session of another principal reads exactly like a missing one.
+
+-- name: journal_create_session
+-- A new session owned by the caller's tenant and principal, at revision 0.
+INSERT INTO journal.sessions (tenant_id, session_id, principal, labels, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $5)
+RETURNING session_id, revision, schema, created_at;
+
+-- name: journal_lock_session
+-- Lock the owner's session FOR UPDATE and read what an append is decided against: concurrent
+-- appends at one revision queue here, and each sees the revision the one before it committed.
+SELECT revision, causal, last_nonce_hash, last_base_revision, last_batch_digest
+FROM journal.sessions
+WHERE tenant_id = $1 AND session_id = $2 AND principal = $3
+FOR UPDATE;
+
+-- name: journal_append
+-- Advance the revision and store the batch at seqs $3+1.. in one round trip (rows locked above);
+-- `revision = $3` makes a stale write store nothing rather than interleave.
+WITH advanced AS (
+    UPDATE journal.sessions SET
+        revision = $4, causal = $5, last_nonce_hash = $6, last_base_revision = $3,
+        last_batch_digest = $7, updated_at = $8
+    WHERE tenant_id = $1 AND session_id = $2 AND revision = $3
+    RETURNING session_id
+)
+INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, jcs_bytes, accepted_at)
+SELECT $1, advanced.session_id, $3 + r.ord, r.record, r.schema, r.jcs_bytes, $8
+FROM advanced, unnest($9::jsonb[], $10::integer[], $11::integer[]) WITH ORDINALITY AS r(record, schema, jcs_bytes, ord)
+RETURNING seq;
+
+-- name: journal_read_session
+-- One session of the tenant, the owner's only unless $3 is NULL (an auditor reads any).
+SELECT session_id, principal, revision, schema, labels, created_at, updated_at
+FROM journal.sessions
+WHERE tenant_id = $1 AND session_id = $2 AND ($3::text IS NULL OR principal = $3);
+
+-- name: journal_read_records
+-- The session's records after seq $3, in seq order (read in the session's snapshot).
+SELECT seq, record, jcs_bytes, accepted_at
+FROM journal.records
+WHERE tenant_id = $1 AND session_id = $2 AND seq > $3
+ORDER BY seq;
+
+-- name: journal_effects
+-- What the ledger says now about the operations a projection's calls name; reads, never locks.
+SELECT o.*, clock_timestamp() AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[]);
+
+-- name: journal_delete_session
+-- Delete the owner's session; its records go with it (ON DELETE CASCADE). The ledger is not touched.
+DELETE FROM journal.sessions
+WHERE tenant_id = $1 AND session_id = $2 AND principal = $3
+RETURNING session_id;
+
+-- name: journal_purge_idle
+-- Delete up to $2 sessions unchanged for $1 days, across tenants (owner, maintenance scope), with
+-- their records; sessions an append holds are skipped, not waited for.
+DELETE FROM journal.sessions
+WHERE (tenant_id, session_id) IN (
+    SELECT tenant_id, session_id FROM journal.sessions
+    WHERE updated_at < clock_timestamp() - make_interval(days => $1)
+    ORDER BY updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED);

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 INTRO = """effect-ledger demo: chapter 15's lost measurement receipt, end to end
   two measurements through a fake measurement service; B's answer is lost after submission.
+  an orchestrator journals the comparison and reopens it without running the past (section 12).
 """
 
 
@@ -25,12 +26,18 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_demo(settings: Settings) -> int:
     """Stage the database and the service, run the scenario, print its timeline and verdict."""
+    from effect_ledger.demo.journal_trace import ORCHESTRATOR
     from effect_ledger.demo.scenario import AUDITOR, EXECUTOR, RECONCILER, TENANT, Timeline
     from effect_ledger.demo.stage import demo_database
     from effect_ledger.http.auth import mint_token
 
     secret = secrets.token_urlsafe(48)  # this run's own signing key; nothing outside the demo knows it
-    scopes = {EXECUTOR: "ledger:execute", RECONCILER: "ledger:reconcile", AUDITOR: "ledger:audit"}
+    scopes = {
+        EXECUTOR: "ledger:execute",
+        RECONCILER: "ledger:reconcile",
+        AUDITOR: "ledger:audit",
+        ORCHESTRATOR: "journal:write journal:read",
+    }
     tokens = {sub: mint_token(secret, TENANT, sub, scope, Settings()) for sub, scope in scopes.items()}
     print(INTRO, flush=True)
     timeline = Timeline()

@@ -105,18 +105,27 @@ def _receipt(record: dict[str, Any]) -> Receipt:
 
 async def run_scenario(base_url: str, tokens: dict[str, str], timeline: Timeline) -> None:
     """The scenario; every expectation is recorded on the timeline."""
+    from effect_ledger.demo.journal_trace import ORCHESTRATOR, CompositionTrace
+
     service = MeasurementService(timeline)
     async with (
         LedgerClient(base_url, tokens[EXECUTOR]) as executor,
         LedgerClient(base_url, tokens[RECONCILER]) as reconciler,
         LedgerClient(base_url, tokens[AUDITOR]) as auditor,
+        LedgerClient(base_url, tokens[ORCHESTRATOR]) as orchestrator,
     ):
         timeline.header()
-        await _measure_a(executor, service, timeline)
+        trace = CompositionTrace(orchestrator, timeline, service.executions)
+        await trace.request_a()
+        await trace.result_a(await _measure_a(executor, service, timeline))
+        await trace.request_b()
         await _measure_b_times_out(executor, service, timeline)
+        await trace.reopen_branch()
         await _retry_b_is_refused(executor, timeline)
         await _reconcile(reconciler, service, timeline)
         await _claim_b_again(executor, timeline)
+        await trace.answer_b_from_receipt()
+        await trace.reopen_comparison()
         await _audit(auditor, timeline)
     timeline.expect("the measurement service ran each measurement exactly once (A: 1, B: 1)",
                     service.executions == Counter({"A": 1, "B": 1}))
@@ -129,7 +138,9 @@ def _measurement(executor: LedgerClient, prototype: str) -> Effect:
     return executor.effect(operation_id, tool="measure", tool_version="2.1.0", intent=intent)
 
 
-async def _measure_a(executor: LedgerClient, service: MeasurementService, timeline: Timeline) -> None:
+async def _measure_a(
+    executor: LedgerClient, service: MeasurementService, timeline: Timeline
+) -> dict[str, Any]:
     async with _measurement(executor, "A") as effect:
         timeline.add(EXECUTOR, "claim measurement-a -> execute", effect.operation)
         view = await effect.submitted(effect_ref="req-a-1")
@@ -141,6 +152,7 @@ async def _measure_a(executor: LedgerClient, service: MeasurementService, timeli
     timeline.expect("measurement-a committed on attempt 1 with its receipt",
                     final is not None and final.status == "committed" and final.attempt == 1
                     and final.receipt is not None and final.receipt.external_ref == "msr-a-0001")
+    return dict(record["value"])
 
 
 async def _measure_b_times_out(

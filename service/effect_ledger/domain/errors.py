@@ -22,6 +22,9 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "intent_conflict": (422, "Intent conflict"),
     "validation_failed": (422, "Validation failed"),
     "sensitive_value_rejected": (422, "Sensitive value rejected"),
+    "revision_conflict": (409, "Revision conflict"),
+    "invalid_history": (422, "Invalid history"),
+    "unsupported_schema": (422, "Unsupported schema"),
     "rate_limited": (429, "Rate limited"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Service unavailable"),
@@ -65,6 +68,33 @@ def validation_failed(errors: list[tuple[str, str]]) -> LedgerError:
 def not_found(what: str = "operation") -> LedgerError:
     """A 404 that reads the same whether the thing is absent or belongs to another tenant."""
     return LedgerError("not_found", f"No such {what}.")
+
+
+def revision_conflict(revision: int) -> LedgerError:
+    """A 409: the journal append's expected_revision is not the session's; re-read and decide."""
+    return LedgerError(
+        "revision_conflict",
+        "The session is at another revision; read it again and decide, do not re-send blindly.",
+        {"revision": revision},
+    )
+
+
+def invalid_history(errors: list[tuple[int, str]]) -> LedgerError:
+    """A 422: a journal batch breaks the causal rules or a cap; each error names its batch index."""
+    return LedgerError(
+        "invalid_history",
+        "The records break the journal's causal rules or caps; see errors.",
+        {"errors": [{"index": i, "problem": p} for i, p in errors]},
+    )
+
+
+def unsupported_schema(indexes: list[int], newest: int) -> LedgerError:
+    """A 422: a journal record names a schema version newer than this service knows."""
+    return LedgerError(
+        "unsupported_schema",
+        f"A record names a schema version newer than {newest}; nothing was stored.",
+        {"errors": [{"index": i, "problem": f"schema is newer than {newest}"} for i in indexes]},
+    )
 
 
 class DatabaseUnavailable(Exception):

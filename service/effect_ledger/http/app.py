@@ -29,6 +29,8 @@ from effect_ledger.http.docs import docs_assets, docs_plugin
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
+from effect_ledger.http.journal import JournalController
+from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
@@ -40,7 +42,8 @@ from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
 ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
-                     ReconcilerController, AuditController, metrics_endpoint, *CONSOLE_ROUTES]
+                     ReconcilerController, AuditController, JournalController, metrics_endpoint,
+                     *CONSOLE_ROUTES]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -90,6 +93,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.asgi_handler = RequestTelemetry(ConsoleHeaders(app.asgi_handler), metrics)
     document_problems(app)
     app.state.metrics = metrics
+    app.state.journal_metrics = JournalMetrics(metrics.registry)
     app.state.verifier = verifier
     shared_secret = (jwt_secret or settings.jwt_secret) if settings.jwt_algorithm == "HS256" else None
     app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))

@@ -23,7 +23,9 @@ RECONCILE = "ledger:reconcile"
 AUDIT = "ledger:audit"
 DIAG_WRITE = "diagnostics:write"
 DIAG_READ = "diagnostics:read"
-ALL_SCOPES = (EXECUTE, RECONCILE, AUDIT, DIAG_WRITE, DIAG_READ)
+JOURNAL_WRITE = "journal:write"
+JOURNAL_READ = "journal:read"
+ALL_SCOPES = (EXECUTE, RECONCILE, AUDIT, DIAG_WRITE, DIAG_READ, JOURNAL_WRITE, JOURNAL_READ)
 MAX_TOKEN_BYTES = 8192
 REQUIRED_CLAIMS = ["sub", "tenant", "exp", "iat", "aud", "iss"]
 

@@ -110,11 +110,23 @@ def decode_strict(raw: bytes, kind: type[S]) -> S:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        located = _AT_PATH.search(message)
-        field = located.group(1) if located and located.group(1) else "body"
-        bare = _AT_PATH.sub("", message)
-        raise validation_failed([_describe(bare, field)]) from None
+        raise _invalid(exc) from None
+
+
+def strict_convert(value: Any, kind: type[S]) -> S:
+    """Convert already-decoded JSON strictly into `kind`, with the same 422 as strict_body."""
+    try:
+        return msgspec.convert(value, type=kind)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: msgspec.ValidationError) -> Exception:
+    message = str(exc)
+    located = _AT_PATH.search(message)
+    field = located.group(1) if located and located.group(1) else "body"
+    bare = _AT_PATH.sub("", message)
+    return validation_failed([_describe(bare, field)])
 
 
 def _describe(message: str, field: str) -> tuple[str, str]:

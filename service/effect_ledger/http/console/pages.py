@@ -19,12 +19,13 @@ from effect_ledger.domain.diagnostics import INCIDENT_ID
 from effect_ledger.domain.errors import LedgerError, not_found
 from effect_ledger.domain.model import STATUSES, UNKNOWN, Operation, operation_view
 from effect_ledger.http.audit import ACCESS_CURSOR, RECEIPTS_CURSOR
-from effect_ledger.http.auth import AUDIT, DIAG_READ, EXECUTE, RECONCILE
+from effect_ledger.http.auth import AUDIT, DIAG_READ, EXECUTE, JOURNAL_READ, RECONCILE
 from effect_ledger.http.console.access import holds, signed_in
 from effect_ledger.http.console.forms import field_problems
 from effect_ledger.http.console.render import page
 from effect_ledger.http.console.session import ConsoleSession
 from effect_ledger.http.context import ledger_of
+from effect_ledger.http.journal import session_projection
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.reconciler import LIST_CURSOR
 from effect_ledger.http.schemas import OPERATION_ID
@@ -314,18 +315,10 @@ class ConsolePages(Controller):
 
     @get("/sessions/{session_id:str}")
     async def journal_session(self, request: Request[Any, Any, Any], session_id: FromPath[str]) -> Template:
-        """STUB until the run journal (docs/api.md section 12) is merged: the coordinator wires it here.
+        """A journal session's projection: each call's ledger status and `resume` (docs/api.md section 12).
 
-        TODO(journal): read the projection through the journal's own repository function with the
-        journal:read (own sessions) / ledger:audit (any session of the tenant) rules, and render each
-        unresolved call's ledger status and `resume`.
-        """
-        session = signed_in(request)
-        return page(
-            request,
-            "session_stub.html",
-            session,
-            status=501,
-            title="Journal session",
-            session_id=session_id[:200],
-        )
+        Same rules as the API: journal:read reads the user's own sessions, ledger:audit any of the tenant's;
+        anything else is the same not-found page. Reading dispatches nothing."""
+        session = signed_in(request, JOURNAL_READ, AUDIT)
+        view = await session_projection(request, session.caller, session_id)
+        return page(request, "session.html", session, title="Journal session", view=view)
