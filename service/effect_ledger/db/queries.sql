@@ -24,6 +24,42 @@ SELECT tenant_id, operation_id, 1, $12, 'claimed', $3, NULL, 'pending', 1, $13, 
 FROM inserted
 RETURNING seq;
 
+-- ---------------------------------------------------------------------------------------------
+-- The write path (migration 0005): each call is one statement in autocommit, one round trip. The
+-- function binds the tenant for its own transaction, locks, decides, writes state and events.
+-- (c.op).* expands the operation row after the call (all NULL when there is none).
+-- ---------------------------------------------------------------------------------------------
+
+-- name: run_claim
+-- Claim (and, with $11, submit) an operation ID in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS c;
+
+-- name: run_submit
+-- Submit (pending -> submitted) in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.submit($1, $2, $3, $4, $5) AS c;
+
+-- name: run_heartbeat
+-- Extend a lease in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.heartbeat($1, $2, $3, $4) AS c;
+
+-- name: run_complete
+-- Complete (with complete(unknown)'s incident, when $8 is given) in one round trip.
+SELECT c.outcome_code AS outcome, c.events, c.db_now, c.incident_ref, (c.op).*
+FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
+
+-- name: run_resolve
+-- Resolve (or record an unresolved look-up) in one round trip.
+SELECT c.outcome_code AS outcome, c.events, c.db_now, (c.op).*
+FROM ledger.resolve($1, $2, $3, $4, $5, $6, $7) AS c;
+
+-- name: run_sweep
+-- The sweeper's step for one locked candidate: lease_expired if (still) due, under the row's tenant.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.sweep($1, $2) AS c;
+
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
 SELECT o.*, clock_timestamp() AS db_now
