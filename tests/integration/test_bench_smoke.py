@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from conftest import Service, token
-from effect_ledger.bench.workload import PRINCIPAL, SCOPE, TENANT
-from effect_ledger.bench.wrk import wrk_load, wrk_path
+from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
+from effect_ledger_bench.wrk import wrk_load, wrk_path
 
 ROWS = [
     r"1 +limit: pgbench, catalogue SQL, 16 clients +[\d,]+ cycles/s .*0 failed",

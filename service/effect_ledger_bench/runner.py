@@ -15,13 +15,16 @@ from pathlib import Path
 
 import asyncpg
 
-from effect_ledger.bench.database import Cluster, Endpoint
-from effect_ledger.bench.floor import run_floor
-from effect_ledger.bench.generator import START_MARGIN, Generator
-from effect_ledger.bench.growth import load_history, table_sizes
-from effect_ledger.bench.limit import run_pgbench
-from effect_ledger.bench.procs import machine, tree_cpu_seconds
-from effect_ledger.bench.report import (
+from effect_ledger.http.auth import mint_token
+from effect_ledger.settings import Settings
+from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.database import Cluster, Endpoint
+from effect_ledger_bench.floor import run_floor
+from effect_ledger_bench.generator import START_MARGIN, Generator
+from effect_ledger_bench.growth import load_history, table_sizes
+from effect_ledger_bench.limit import run_pgbench
+from effect_ledger_bench.procs import machine, tree_cpu_seconds
+from effect_ledger_bench.report import (
     CLAIM_P99_MS,
     GROWTH_P50_FACTOR,
     RSS_PER_WORKER_MB,
@@ -31,12 +34,9 @@ from effect_ledger.bench.report import (
     render,
     verdict,
 )
-from effect_ledger.bench.service import ServiceProcess
-from effect_ledger.bench.stats import CALLS, LoadResult
-from effect_ledger.bench.workload import PRINCIPAL, SCOPE, TENANT
-from effect_ledger.db.catalogue import sql
-from effect_ledger.http.auth import mint_token
-from effect_ledger.settings import Settings
+from effect_ledger_bench.service import ServiceProcess
+from effect_ledger_bench.stats import CALLS, LoadResult
+from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from effect_ledger.bench.database import Endpoint
-from effect_ledger.bench.procs import children_cpu_seconds, tree_cpu_seconds
-from effect_ledger.bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 from effect_ledger.db.catalogue import sql
 from effect_ledger.domain.chain import GENESIS_HASH
+from effect_ledger_bench.database import Endpoint
+from effect_ledger_bench.procs import children_cpu_seconds, tree_cpu_seconds
+from effect_ledger_bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 
 NOW = ":ctx_db_now"  # tenant_context's clock_timestamp(), captured by \gset ctx_
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from effect_ledger.bench.stats import Latency
+from effect_ledger_bench.stats import Latency
 
 # The targets of issue 8, on a 2-core machine, measured in one run (printed, never asserted).
 SERVICE_TO_LIMIT = 0.30

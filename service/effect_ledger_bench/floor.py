@@ -17,8 +17,6 @@ from datetime import timedelta
 
 import asyncpg
 
-from effect_ledger.bench.stats import LoadResult
-from effect_ledger.bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 from effect_ledger.db import ledger as repo
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import lock_for_change
@@ -31,6 +29,8 @@ from effect_ledger.domain.model import Binding, Operation
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.domain.transitions import Decision, Report, decide_complete, decide_submit
 from effect_ledger.settings import Settings
+from effect_ledger_bench.stats import LoadResult
+from effect_ledger_bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 
 Cycle = Callable[[str], Awaitable[None]]
 _HASH = hashlib.sha256(b"bench").hexdigest()
