@@ -120,20 +120,30 @@ _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
 def decode_strict(raw: bytes, kind: type[S]) -> S:
-    """Decode a request body strictly into its struct ("30" is not 30): 400 when it is not a JSON
-    object, 422 naming the field otherwise."""
+    """Decode a request body strictly into its struct ("30" is not 30): 400 when it is not JSON or not
+    an object, 422 naming the field when it is JSON that breaks the contract (RecursionError, for a
+    nesting deeper than the decoder follows, is answered 422 by the exception handlers)."""
     try:
         return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError as exc:
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        _refuse_json(raw)  # raises 400 when the body is not a JSON object at all
+        if not isinstance(exc, msgspec.ValidationError):
+            raise LedgerError("malformed_request", "The body is not valid JSON.") from None
         message = str(exc)
         located = _AT_PATH.search(message)
         field = located.group(1) if located and located.group(1) else "body"
-        bare = _AT_PATH.sub("", message)
-        if field == "body" and bare.startswith("Expected `object`"):
-            raise LedgerError("malformed_request", "The body must be a JSON object.") from None
-        raise validation_failed([_describe(bare, field)]) from None
+        raise validation_failed([_describe(_AT_PATH.sub("", message), field)]) from None
+
+
+def _refuse_json(raw: bytes) -> None:
+    """On the error path only: the body as plain JSON. Not JSON (or numbers no JSON value can hold)
+    -> 400; too deep -> RecursionError (422); not an object -> 400. Else the struct was broken (422)."""
+    try:
+        value = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         raise LedgerError("malformed_request", "The body is not valid JSON.") from None
+    if not isinstance(value, dict):
+        raise LedgerError("malformed_request", "The body must be a JSON object.")
 
 
 class StrictBody(AbstractDTO[S]):
