@@ -92,7 +92,11 @@ def _serve_granian(ready: Settings) -> None:
     """The same app under granian (a Rust HTTP server): workers are processes, lifespan on."""
     from granian import Granian
     from granian.constants import Interfaces
+    from prometheus_client import values
 
+    # granian forks its workers from this process, which imported prometheus_client before
+    # prepare_multiprocess_dir set its directory: choose the per-process value files now.
+    values.ValueClass = values.get_value_class()
     Granian(
         "effect_ledger.http.app:app_from_env",
         factory=True,
