@@ -96,7 +96,7 @@ def _serve_granian(ready: Settings) -> None:
 
     # granian forks its workers from this process, which imported prometheus_client before
     # prepare_multiprocess_dir set its directory: choose the per-process value files now.
-    values.ValueClass = values.get_value_class()
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     Granian(
         "effect_ledger.http.app:app_from_env",
         factory=True,
