@@ -1,46 +1,96 @@
-"""One entry point: serve, migrate, token (and the commands the other modules add)."""
+"""One entry point, `effect-ledger`: each subcommand is a row of COMMANDS, its handler imported to run."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-from effect_ledger.settings import Settings
+from effect_ledger.settings import Settings, SettingsError, variable
 
-Command = Callable[[argparse.Namespace, Settings], int]
-COMMANDS: dict[str, Command] = {}
+Handler = Callable[[argparse.Namespace, Settings], int]
 
 
-def command(name: str) -> Callable[[Command], Command]:
-    """Register a subcommand."""
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: what it does, and where its handler (and its own flags, if any) live."""
 
-    def register(fn: Command) -> Command:
-        COMMANDS[name] = fn
-        return fn
+    help: str
+    handler: str  # "module:function", imported only when the subcommand runs
+    flags: str | None = None  # "module:function" that adds the subcommand's own flags to its parser
+    setting_flags: bool = True  # every setting as a flag (--port, --database-url, ...)
+    extra: str | None = None  # the optional dependencies it needs: pip install 'effect-ledger[<extra>]'
 
-    return register
+
+COMMANDS: dict[str, Command] = {
+    "serve": Command(
+        "serve the HTTP API (over an embedded PostgreSQL in --data-dir when no database URL is set)",
+        "effect_ledger.cli:serve",
+    ),
+    "migrate": Command(
+        "migrate the configured (or the embedded) database to the newest schema, then exit",
+        "effect_ledger.cli:migrate_command",
+    ),
+    "sweep": Command(
+        "mark submitted operations whose lease expired as unknown, once (for a CronJob)",
+        "effect_ledger.maintenance_cli:sweep_command",
+    ),
+    "purge": Command(
+        "delete terminal operations and diagnostics past their retention, once (for a CronJob)",
+        "effect_ledger.maintenance_cli:purge_command",
+    ),
+    "demo": Command(
+        "run the reference scenario end to end against a fresh database (exit 0: every expectation held)",
+        "effect_ledger.demo.command:demo_command",
+    ),
+    "token": Command(
+        "print a development token signed with the configured (or development) HS256 secret",
+        "effect_ledger.cli:token_command",
+        flags="effect_ledger.cli:token_flags",
+    ),
+    "config": Command(
+        "print every setting's value in effect (after validation; secrets hidden), then exit",
+        "effect_ledger.cli:config_command",
+    ),
+    "schema": Command(
+        "regenerate schema/ledger.sql, schema/openapi.json and docs/configuration.md (--check: report)",
+        "effect_ledger.schema_cli:schema_command",
+        flags="effect_ledger.schema_cli:schema_flags",
+        setting_flags=False,
+    ),
+    "bench": Command(
+        "measure effect cycles against the PostgreSQL limit (package effect_ledger_bench, extra [bench])",
+        "effect_ledger_bench.command:bench_command",
+        flags="effect_ledger_bench.command:add_bench_flags",
+        setting_flags=False,
+        extra="bench",
+    ),
+}
+
+
+def _load(target: str) -> Any:
+    """The function named "module:function", imported now; ModuleNotFoundError if its module is absent."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag named like its variable: EFFECT_LEDGER_JWT_SECRET <-> --jwt-secret."""
+    group = parser.add_argument_group("settings (each also an environment variable; docs/configuration.md)")
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
-        default = Settings.__dataclass_fields__[f.name].default
-        kind: Any = int if isinstance(default, int) and not isinstance(default, bool) else str
-        variable = f"EFFECT_LEDGER_{f.name.upper()}"
-        parser.add_argument(flag, dest=f.name, type=kind, default=None, help=variable)
+        kind: Any = int if isinstance(f.default, int) and not isinstance(f.default, bool) else str
+        described = f"{variable(f)}: {f.metadata['doc']}".replace("%", "%%")  # argparse formats help with %
+        group.add_argument(flag, dest=f.name, type=kind, default=None, help=described)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
-    sweep = overrides.get("background_sweep")
-    if isinstance(sweep, str):
-        overrides["background_sweep"] = sweep.lower() in ("1", "true", "yes", "on")
     return Settings.from_env(**overrides)
 
 
@@ -48,24 +98,28 @@ def _exit_quietly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-@command("serve")
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
     import uvicorn
 
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
-    from effect_ledger.runtime import database, export_settings, with_jwt_secret
+    from effect_ledger.runtime import database, export_settings, shared_rate_limits, with_jwt_secret
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    configured = settings
     settings = with_jwt_secret(settings)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal; turning that into a
     # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
     signal.signal(signal.SIGTERM, _exit_quietly)
     signal.signal(signal.SIGINT, _exit_quietly)
-    with database(settings, run_migrations=not settings.database_url) as ready:
+    with (
+        database(settings, run_migrations=not settings.database_url) as migrated,
+        shared_rate_limits(migrated) as ready,
+    ):  # one bucket file for every worker
         export_settings(ready)
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
+        _announce(configured, ready)
         try:
             if ready.http_server == "granian":
                 _serve_granian(ready)
@@ -86,6 +140,45 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _announce(configured: Settings, ready: Settings) -> None:
+    """The one start-up line: version, URL, docs URL, database (never a password), workers."""
+    import structlog
+
+    from effect_ledger import __version__
+    from effect_ledger.logs import for_people
+
+    url = f"http://{ready.host}:{ready.port}"
+    if configured.database_url:
+        database = f"PostgreSQL at {server_of(configured.database_url)}"
+    else:
+        database = f"embedded PostgreSQL in {configured.data_path}"
+    workers = f"{ready.workers} worker" + ("s" if ready.workers > 1 else "")
+    if for_people(ready.log_format):
+        print(
+            f"effect-ledger {__version__} on {url} (API docs: {url}/schema), {database}, {workers}",
+            flush=True,
+        )
+    else:
+        structlog.get_logger("effect_ledger").info(
+            "serving",
+            version=__version__,
+            url=url,
+            docs=f"{url}/schema",
+            database=database,
+            workers=ready.workers,
+        )
+
+
+def server_of(database_url: str) -> str:
+    """A database URL without its password or options: scheme://user@host:port/database."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(database_url)
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{parts.hostname or 'localhost'}{port}{parts.path}"
 
 
 def _serve_granian(ready: Settings) -> None:
@@ -109,7 +202,6 @@ def _serve_granian(ready: Settings) -> None:
     ).serve()
 
 
-@command("migrate")
 def migrate_command(args: argparse.Namespace, settings: Settings) -> int:
     """Migrate the configured database (or the embedded one) to the newest schema."""
     from effect_ledger.runtime import database
@@ -119,7 +211,6 @@ def migrate_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-@command("token")
 def token_command(args: argparse.Namespace, settings: Settings) -> int:
     """Print a development token signed with the configured (or development) HS256 secret."""
     from effect_ledger.http.auth import mint_token
@@ -133,70 +224,64 @@ def token_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def config_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Print each setting as VARIABLE=value, secrets and URL passwords hidden."""
+    from effect_ledger.settings import shown_value
+
+    for f in fields(Settings):
+        print(f"{variable(f)}={shown_value(f.name, getattr(settings, f.name))}")
+    return 0
+
+
+def token_flags(parser: argparse.ArgumentParser) -> None:
+    """`effect-ledger token`'s own flags."""
+    parser.add_argument("--tenant", required=True, help="the tenant claim (tid)")
+    parser.add_argument("--sub", required=True, help="the principal (sub)")
+    parser.add_argument("--scope", default="ledger:execute", help="space-separated scopes")
+    parser.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="effect-ledger", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("serve", "migrate", "sweep", "purge"):
-        _add_setting_flags(sub.add_parser(name, help=name))
-    _add_setting_flags(sub.add_parser("demo", help="run the reference scenario end to end (0: all held)"))
-    token = sub.add_parser("token", help="mint a development token")
-    _add_setting_flags(token)
-    token.add_argument("--tenant", required=True)
-    token.add_argument("--sub", required=True)
-    token.add_argument("--scope", default="ledger:execute")
-    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
-    schema = sub.add_parser("schema", help="regenerate schema/ledger.sql and schema/openapi.json")
-    schema.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
-    bench = sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit")
-    bench_module = _bench_module()
-    if bench_module is not None:
-        bench_module.add_bench_flags(bench)
+    """The argument parser with every subcommand of COMMANDS."""
+    parser = argparse.ArgumentParser(
+        prog="effect-ledger", description="A ledger that makes side effects of agents and tools retry-safe."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, entry in COMMANDS.items():
+        command = sub.add_parser(
+            name, help=entry.help, description=entry.help[0].upper() + entry.help[1:] + "."
+        )
+        if entry.setting_flags:
+            _add_setting_flags(command)
+        if entry.flags is not None:
+            try:
+                _load(entry.flags)(command)
+            except ModuleNotFoundError:
+                pass  # an optional part that is not installed; running it says how to install it
     return parser
-
-
-def _bench_module() -> Any:
-    """The bench's command module, imported by name: the bench lives outside the product's packages."""
-    import importlib
-
-    try:
-        return importlib.import_module("effect_ledger_bench.command")
-    except ModuleNotFoundError:
-        return None
-
-
-@command("bench")
-def bench_command(args: argparse.Namespace, settings: Settings) -> int:
-    """Run the bench (package effect_ledger_bench, extra [bench]), or say how to install it."""
-    bench_module = _bench_module()
-    if bench_module is None:
-        print("effect-ledger bench is not installed: pip install 'effect-ledger[bench]'", file=sys.stderr)
-        return 2
-    return int(bench_module.bench_command(args, settings))
-
-
-def _register_commands() -> None:
-    """Import the modules whose @command functions live outside this file."""
-    import importlib
-
-    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.demo.command")
-    for module in modules:
-        importlib.import_module(module)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command named on the command line."""
-    _register_commands()
     args = build_parser().parse_args(argv)
-    handler = COMMANDS.get(args.command)
-    if handler is None:
-        print(f"effect-ledger {args.command}: not available in this build", file=sys.stderr)
+    entry = COMMANDS[args.command]
+    try:
+        handler: Handler = _load(entry.handler)
+    except ModuleNotFoundError as missing:
+        if entry.extra is None:
+            raise
+        install = f"pip install 'effect-ledger[{entry.extra}]'"
+        print(f"effect-ledger {args.command} needs {missing.name}: {install}", file=sys.stderr)
         return 2
-    return handler(args, _settings(args))
+    try:
+        settings = _settings(args)
+    except SettingsError as bad:
+        print("effect-ledger: invalid configuration (see docs/configuration.md):", file=sys.stderr)
+        for problem in bad.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    return handler(args, settings)
 
 
 if __name__ == "__main__":
-    # Under `python -m`, this file is __main__ while command modules register in effect_ledger.cli.
-    from effect_ledger.cli import main as registered_main
-
-    sys.exit(registered_main())
+    sys.exit(main())

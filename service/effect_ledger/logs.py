@@ -1,7 +1,8 @@
-"""structlog: JSON lines to stdout, contextvars first, secrets redacted before rendering.
+"""structlog: JSON lines to stdout (or lines for people on a terminal), secrets redacted before rendering.
 
-Everything is JSON, the service's own events and what the standard library's loggers (uvicorn,
-asyncpg) say, so one log pipeline parses all of it.
+Everything goes one way, the service's own events and what the standard library's loggers (uvicorn,
+asyncpg) say: JSON, so one log pipeline parses all of it, unless stdout is a terminal (or
+EFFECT_LEDGER_LOG_FORMAT=console), where structlog's console renderer writes for people.
 """
 
 from __future__ import annotations
@@ -55,11 +56,21 @@ def level_number(level: str) -> int:
     return numeric if isinstance(numeric, int) else logging.INFO
 
 
-def configure_logging(level: str = "info") -> None:
+def for_people(log_format: str = "auto") -> bool:
+    """Whether log lines are rendered for people: `console`, or `auto` with stdout on a terminal."""
+    return log_format == "console" or (log_format == "auto" and sys.stdout.isatty())
+
+
+def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     """Configure structlog and the stdlib root logger; safe to call again (the last call wins)."""
     numeric = level_number(level)
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=True)
+        if for_people(log_format)
+        else _RENDER
+    )
     structlog.configure(
-        processors=[*_PRE_CHAIN, redact_secrets, _RENDER],
+        processors=[*_PRE_CHAIN, redact_secrets, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(STDOUT),
         # Not cached: a later configure_logging (another app in the same process, as in tests)
@@ -72,7 +83,7 @@ def configure_logging(level: str = "info") -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 redact_secrets,
-                _RENDER,
+                renderer,
             ],
             foreign_pre_chain=[*_PRE_CHAIN, structlog.stdlib.add_logger_name],
         )

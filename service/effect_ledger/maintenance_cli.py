@@ -7,7 +7,6 @@ import asyncio
 import json
 import sys
 
-from effect_ledger.cli import command
 from effect_ledger.settings import Settings
 
 
@@ -28,13 +27,11 @@ def _run(task: str, settings: Settings) -> int:
     return 0
 
 
-@command("sweep")
 def sweep_command(args: argparse.Namespace, settings: Settings) -> int:
     """Mark submitted operations whose lease expired as unknown (one run; skip if another is running)."""
     return _run("sweep", settings)
 
 
-@command("purge")
 def purge_command(args: argparse.Namespace, settings: Settings) -> int:
     """Delete terminal operations older than the retention period (one run; skip if another is running)."""
     return _run("purge", settings)

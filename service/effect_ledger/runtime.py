@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from effect_ledger.db.embedded import dev_jwt_secret, start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
+from effect_ledger.http.ratelimit import create_shared_store
 from effect_ledger.settings import Settings
 
 
@@ -42,3 +46,22 @@ def export_settings(settings: Settings) -> None:
     for name, value in vars(settings).items():
         if value is not None:
             os.environ["EFFECT_LEDGER_" + name.upper()] = str(value)
+
+
+@contextmanager
+def shared_rate_limits(settings: Settings) -> Iterator[Settings]:
+    """With several workers: one bucket file for all of them (created, or emptied, before they start)."""
+    if settings.workers <= 1 and not settings.rate_limit_store:
+        yield settings
+        return
+    if settings.rate_limit_store:
+        create_shared_store(Path(settings.rate_limit_store))
+        yield settings
+        return
+    directory = Path(tempfile.mkdtemp(prefix="effect-ledger-limits-"))
+    store = directory / "buckets"
+    create_shared_store(store)
+    try:
+        yield replace(settings, rate_limit_store=str(store))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""`effect-ledger schema`: regenerate (or check) schema/ledger.sql and schema/openapi.json."""
+"""`effect-ledger schema`: regenerate (or check) schema/*.sql and *.json, and docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.cli import command
-from effect_ledger.settings import Settings
+from effect_ledger.settings import Settings, documentation
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DIR = ROOT / "schema"
 
 
 def openapi_document() -> dict[str, Any]:
@@ -45,21 +45,29 @@ def render_ledger_sql_embedded() -> str:
             stop_embedded(server)
 
 
-@command("schema")
+def schema_flags(parser: argparse.ArgumentParser) -> None:
+    """`effect-ledger schema`'s own flag."""
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
+
+
 def schema_command(args: argparse.Namespace, settings: Settings) -> int:
-    """Write schema/ledger.sql and schema/openapi.json (with --check: exit 1 if they are stale)."""
-    wanted = {"ledger.sql": render_ledger_sql_embedded(), "openapi.json": render_openapi()}
+    """Write the generated files (with --check: exit 1 if any is stale)."""
+    wanted = {
+        "schema/ledger.sql": render_ledger_sql_embedded(),
+        "schema/openapi.json": render_openapi(),
+        "docs/configuration.md": documentation(),
+    }
     stale = [
         name
         for name, text in wanted.items()
-        if not (SCHEMA_DIR / name).exists() or (SCHEMA_DIR / name).read_text() != text
+        if not (ROOT / name).exists() or (ROOT / name).read_text() != text
     ]
     if getattr(args, "check", False):
         for name in stale:
-            print(f"schema/{name} is stale; run `effect-ledger schema`")
+            print(f"{name} is stale; run `effect-ledger schema`")
         return 1 if stale else 0
-    SCHEMA_DIR.mkdir(exist_ok=True)
     for name, text in wanted.items():
-        (SCHEMA_DIR / name).write_text(text)
-        print(f"wrote schema/{name}")
+        (ROOT / name).parent.mkdir(exist_ok=True)
+        (ROOT / name).write_text(text)
+        print(f"wrote {name}")
     return 0

@@ -23,6 +23,13 @@ from effect_ledger_bench.floor import run_floor
 from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
 from effect_ledger_bench.limit import KINDS, run_pgbench
+from effect_ledger_bench.neighbour import (
+    FLOOD_PRINCIPAL,
+    FLOOD_TASKS,
+    FLOOD_TENANT,
+    QUIET_EXECUTORS,
+    neighbour_rows,
+)
 from effect_ledger_bench.procs import machine, tree_cpu_seconds
 from effect_ledger_bench.report import (
     CLAIM_P99_MS,
@@ -210,6 +217,7 @@ class Bench:
             self._service_rows(r, probe)
             await self.replay(gen, url)
             await self.contention(gen)
+            await self.neighbour(gen)
         finally:
             await service.stop()
 
@@ -278,6 +286,15 @@ class Bench:
             target=f"1 winner per ID: {'correct' if ok else 'INCORRECT'}",
             notes=f"{exact}/{len(hot)} IDs with exactly one 201 and {c.contention_executors - 1} x 409",
         ))
+
+    async def neighbour(self, gen: Generator) -> None:
+        """8. The quiet tenant's claim p99 alone and beside a tenant flooding far above its limit."""
+        c = self.config
+        progress(f"neighbour: {QUIET_EXECUTORS} quiet executors alone, then beside a flood of "
+                 f"{FLOOD_TASKS} connections, {c.replay_duration:g} s each")
+        token = mint_token(self.secret, FLOOD_TENANT, FLOOD_PRINCIPAL, SCOPE, Settings.from_env(), 6 * 3600)
+        for row in await neighbour_rows(gen, token, min(c.warmup, 2.0), c.replay_duration):
+            self.add(row)
 
     async def growth(self) -> None:
         """6. The claim with 0, 1M, 5M operations already in the table (a fresh database)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from effect_ledger_bench.neighbour import rate_limit_env
 from effect_ledger_bench.procs import tree_cpu_seconds, worker_rss_mb
 
 
@@ -46,6 +47,7 @@ class ServiceProcess:
             "EFFECT_LEDGER_JWT_SECRET": jwt_secret,
             "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
             "EFFECT_LEDGER_DATA_DIR": str(workdir / "serve-data"),
+            **rate_limit_env(),  # one principal drives every throughput row: no limit but the flooder's
         }
         self._proc: asyncio.subprocess.Process | None = None
 

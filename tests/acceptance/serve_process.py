@@ -25,7 +25,7 @@ def effect_ledger_command() -> list[str]:
 
 
 def serve_env(data_dir: Path, **settings: str) -> dict[str, str]:
-    """Only what API.md section 11 says outside programs set, plus the given EFFECT_LEDGER_* settings."""
+    """Only what docs/api.md section 11 says outside programs set, plus the given EFFECT_LEDGER_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EFFECT_LEDGER_", "PROMETHEUS_"))}
     env.update(
         EFFECT_LEDGER_DATA_DIR=str(data_dir),

@@ -1,5 +1,5 @@
 """Scenario 10: schemathesis against /schema/openapi.json, with valid tokens of every scope. No 5xx;
-every error is problem+json; every 2xx conforms to the schema and every operation view to API.md."""
+every error is problem+json; every 2xx conforms to the schema and every operation view to docs/api.md."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ TOKENS = [*(token("t1", "fuzz-1", scope, ttl=TOKEN_TTL_SECONDS) for scope in ALL
 
 
 def problems_in(status: int, content_type: str, body: Any) -> list[str]:
-    """What is wrong with an error answer, by API.md section 4."""
+    """What is wrong with an error answer, by docs/api.md section 4."""
     if not content_type.startswith("application/problem+json") or not isinstance(body, dict):
         return [f"{status} is not problem+json ({content_type})"]
     found = []

@@ -1,5 +1,5 @@
 """Scenario 9: a Hypothesis state machine drives claim, submit, heartbeat, complete, resolve and lease
-expiry against the real service and against a model written from API.md; every answer's status and
+expiry against the real service and against a model written from docs/api.md; every answer's status and
 problem code (and, for 2xx, the operation's status and attempt) must be what the model says."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ nonces = st.sampled_from([None, "A", "B"])
 
 @dataclass
 class Op:
-    """The model of one operation, as API.md sections 2 and 6 describe it."""
+    """The model of one operation, as docs/api.md sections 2 and 6 describe it."""
 
     status: str
     attempt: int

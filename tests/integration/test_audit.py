@@ -1,4 +1,4 @@
-"""Audit calls (API.md section 8): events, the receipts feed, chain verification, the access log, and
+"""Audit calls (docs/api.md section 8): events, the receipts feed, chain verification, the access log, and
 the database refusing to change events."""
 
 from __future__ import annotations

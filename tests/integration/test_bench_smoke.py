@@ -30,6 +30,9 @@ ROWS = [
     r"3 +service: RSS per worker +\d+ MiB +<= 150 MiB: (PASS|MISS)",
     r"4 +replay: claims of committed IDs +[\d,]+ req/s .*, 0 errors",
     r"5 +contention: 8 executors, 10 hot IDs .*1 winner per ID: correct +10/10 IDs with exactly one 201",
+    r"8 +neighbour: quiet tenant alone, 4 executors, claim +[\d,]+ cycles/s .* 0 errors",
+    r"8 +neighbour: quiet tenant beside a flood, claim +[\d,]+ cycles/s .*p99 <= 2 x alone: (PASS|MISS) "
+    r"\([\d.]+x\) +0 errors; flood \(64 connections, limit 10/s burst 20\): 201: [\d,]+",
     r"6 +growth: 0 rows, claim +[\d,]+ cycles/s .*operations \d+ MiB \+ indexes",
     r"6 +growth: 2,000 rows, claim +[\d,]+ cycles/s .*p50 <= 1.25 x empty: (PASS|MISS)",
     r"7 +ratio service/limit +[\d.]+ +>= 0.50: (PASS|MISS) +limit = one statement per call",

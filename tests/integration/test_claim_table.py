@@ -1,4 +1,4 @@
-"""Every row of the claim table of API.md section 6, over real HTTP on real PostgreSQL."""
+"""Every row of the claim table of docs/api.md section 6, over real HTTP on real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""API.md section 9 over real HTTP: report, screening, audited reads, complete(unknown) with diagnostics."""
+"""docs/api.md section 9 over real HTTP: report, screening, audited reads, complete(unknown) with diagnostics."""
 
 from __future__ import annotations
 

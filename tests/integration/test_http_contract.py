@@ -1,4 +1,4 @@
-"""Authentication, scopes, tenant isolation and problem+json answers for bad input (API.md §3-4)."""
+"""Authentication, scopes, tenant isolation and problem+json answers for bad input (docs/api.md §3-4)."""
 
 from __future__ import annotations
 

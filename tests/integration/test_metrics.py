@@ -171,7 +171,7 @@ async def test_pool_gauges_are_read_at_scrape_time(service: Service) -> None:
     }
     assert pools[("runtime", "in_use")] == 0 and pools[("reader", "in_use")] == 0
     assert pools[("runtime", "idle")] >= 1 and pools[("reader", "idle")] >= 1
-    assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {"runtime": 20, "reader": 2}
+    assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {"runtime": 20, "audit": 3, "reader": 2}
     # a connection held outside a request shows as in use
     ledger = service.server.config.app.state.ledger  # type: ignore[attr-defined]
     async with ledger.pool.acquire():

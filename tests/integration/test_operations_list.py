@@ -1,4 +1,4 @@
-"""The reconciler list (API.md section 7): filters, effective status, validation, stable keyset pages."""
+"""The reconciler list (docs/api.md section 7): filters, effective status, validation, stable keyset pages."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ async def test_filters_report_the_effective_status(client: httpx.AsyncClient, db
     assert await list_ids(client, status="not_applied") == ["f-not-applied"]
     assert await list_ids(client, tool="probe") == ["g-other-tool"]
     assert await list_ids(client, status="pending", tool="measure") == ["a-pending"]
-    # API.md writes the parameters out empty: an empty value is an absent one
+    # docs/api.md writes the parameters out empty: an empty value is an absent one
     assert await list_ids(client, status="", tool="", updated_before="", limit="", cursor="") == everything
 
     r = await get(client, "/v1/operations", {"status": "unknown"}, **RECONCILER)

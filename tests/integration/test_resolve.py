@@ -1,4 +1,4 @@
-"""Resolve (API.md section 7) over real HTTP on real PostgreSQL: outcomes, repeats, conflicts, races."""
+"""Resolve (docs/api.md section 7) over real HTTP on real PostgreSQL: outcomes, repeats, conflicts, races."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fenced transitions: submit, heartbeat, complete; idempotent repeats; conflicts; races (API.md §6)."""
+"""Fenced transitions: submit, heartbeat, complete; idempotent repeats; conflicts; races (docs/api.md §6)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ from k8s_manifests import (
 
 K8S_VERSION = "1.30"
 # Custom resources: no schema in kubernetes-validate; their fields are checked below.
-CRD_KINDS = {("postgresql.cnpg.io/v1", "Cluster"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("postgresql.cnpg.io/v1", "Cluster"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 SECRET_LIKE = re.compile(r"SECRET|PASSWORD|TOKEN|KEY|DATABASE_URL")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 EXPECTED_NAMESPACE = {
@@ -103,6 +107,7 @@ def test_expected_objects(name: str) -> None:
         ("CronJob", f"{APP}-sweep"),
         ("CronJob", f"{APP}-purge"),
         ("ServiceMonitor", APP),
+        ("PrometheusRule", APP),
     }
     if name in EXPECTED_NAMESPACE:
         expected.add(("Namespace", EXPECTED_NAMESPACE[name]))

@@ -58,9 +58,11 @@ from effect_ledger.client.reconciler import (
     unresolved,
 )
 from effect_ledger.client.retry import RetryPolicy
+from effect_ledger.client.telemetry import CallStats
 
 __all__ = [
     "AccessLogEntry",
+    "CallStats",
     "ClaimGrant",
     "ClaimResult",
     "Committed",

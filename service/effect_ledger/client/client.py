@@ -1,11 +1,11 @@
-"""LedgerClient: every endpoint of API.md as a typed async call over httpx, retried in one place."""
+"""LedgerClient: every endpoint of docs/api.md as a typed async call over httpx, retried in one place."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -13,6 +13,7 @@ import msgspec
 
 from effect_ledger import __version__
 from effect_ledger.client.errors import LedgerClientError, LedgerProblem, LedgerUnreachable
+from effect_ledger.client.executor import Effect
 from effect_ledger.client.models import (
     AccessLogEntry,
     ClaimResult,
@@ -27,12 +28,10 @@ from effect_ledger.client.models import (
     RecoveryDecision,
     VerifyResult,
 )
+from effect_ledger.client.reconciler import Lookup, ReconcileReport, reconcile_unknown
 from effect_ledger.client.retry import RetryPolicy, send_with_retries
+from effect_ledger.client.telemetry import CallStats, trace_headers
 from effect_ledger.domain.timefmt import format_ts
-
-if TYPE_CHECKING:
-    from effect_ledger.client.executor import Effect
-    from effect_ledger.client.reconciler import Lookup, ReconcileReport
 
 T = TypeVar("T")
 _NO_INTENT: Any = object()  # `intent` may legitimately be JSON null, so None cannot mean "absent"
@@ -40,7 +39,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class UnexpectedAnswer(LedgerClientError):
-    """A 2xx answer whose body does not have the shape API.md promises."""
+    """A 2xx answer whose body does not have the shape docs/api.md promises."""
 
 
 def new_client_nonce() -> str:
@@ -81,6 +80,7 @@ class LedgerClient:
         limits: httpx.Limits | None = None,
     ) -> None:
         self.retry = retry or RetryPolicy()
+        self.stats = CallStats()
         self._token = token
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
@@ -115,9 +115,20 @@ class LedgerClient:
     ) -> httpx.Response:
         """Send one API call with the client's retry policy; raise its typed problem on an error answer."""
         content = None if body is None else msgspec.json.encode(body)
+        stats = self.stats
+        stats.calls += 1
+        sent = 0
 
         async def send(seconds: float) -> httpx.Response:
+            nonlocal sent
+            sent += 1
+            stats.requests += 1
+            if sent > 1:
+                stats.retries += 1
+                if sent == 2:
+                    stats.retried_calls += 1
             headers = dict(JSON_HEADERS) if content is not None else {}
+            headers.update(trace_headers())
             if authenticated:
                 token = self._token() if callable(self._token) else self._token
                 headers["Authorization"] = f"Bearer {token}"
@@ -135,7 +146,7 @@ class LedgerClient:
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise UnexpectedAnswer(f"{response.request.method} {response.request.url.path}: {exc}") from None
 
-    # -- executor calls (API.md section 6) --------------------------------------------------
+    # -- executor calls (docs/api.md section 6) --------------------------------------------------
 
     async def claim(
         self,
@@ -247,7 +258,7 @@ class LedgerClient:
             claim_body["intent_digest"] = intent_digest
         return Effect(self, operation_id, claim_body)
 
-    # -- reconciler calls (API.md section 7) ------------------------------------------------
+    # -- reconciler calls (docs/api.md section 7) ------------------------------------------------
 
     async def list_operations(
         self,
@@ -291,11 +302,9 @@ class LedgerClient:
         self, lookup: Lookup, *, source: str, tool: str | None = None, page_size: int = 100
     ) -> ReconcileReport:
         """Resolve every unknown operation with `lookup` (see client/reconciler.py)."""
-        from effect_ledger.client.reconciler import reconcile_unknown
-
         return await reconcile_unknown(self, lookup, source=source, tool=tool, page_size=page_size)
 
-    # -- audit calls (API.md section 8) -----------------------------------------------------
+    # -- audit calls (docs/api.md section 8) -----------------------------------------------------
 
     async def events(self, operation_id: str) -> list[Event]:
         """An operation's hash-chained history, oldest first."""
@@ -330,7 +339,7 @@ class LedgerClient:
         response = await self.request("GET", "/v1/diagnostics/access-log", params=params)
         return self.decode(response, Page[AccessLogEntry])
 
-    # -- protected diagnostics (API.md section 9) -------------------------------------------
+    # -- protected diagnostics (docs/api.md section 9) -------------------------------------------
 
     async def report_incident(self, diagnostics: Diagnostics) -> str:
         """Store a diagnostics record; returns its incident reference."""

@@ -20,10 +20,11 @@ import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msgspec import convert
 
+from effect_ledger.client.calls import ExecutorCalls
 from effect_ledger.client.errors import EffectUsageError, LedgerClientError, LedgerProblem
 from effect_ledger.client.models import (
     Category,
@@ -35,9 +36,6 @@ from effect_ledger.client.models import (
     RecordedReceipt,
 )
 from effect_ledger.client.retry import TRANSIENT_STATUSES
-
-if TYPE_CHECKING:
-    from effect_ledger.client.client import LedgerClient
 
 MAX_DETAIL_CODE = 100
 # Records still being written after their waiter was cancelled again; held so they are not collected.
@@ -60,7 +58,7 @@ def _class_name(exc: BaseException) -> str:
 class Effect:
     """One guarded run of an effect; use it as `async with client.effect(...) as effect:`."""
 
-    def __init__(self, client: LedgerClient, operation_id: str, claim_body: Mapping[str, Any]) -> None:
+    def __init__(self, client: ExecutorCalls, operation_id: str, claim_body: Mapping[str, Any]) -> None:
         self.operation_id = operation_id
         self.operation: OperationView | None = None  # the latest view the ledger returned
         self.receipt: RecordedReceipt | None = None  # set when the operation was already committed

@@ -66,7 +66,7 @@ class Evidence(Struct, omit_defaults=True, kw_only=True):
 
 
 class Diagnostics(Struct, omit_defaults=True, kw_only=True):
-    """The protected diagnostics fields of API.md section 9 (only those; nothing else is accepted)."""
+    """The protected diagnostics fields of docs/api.md section 9 (only those; nothing else is accepted)."""
 
     operation_id: str | None = None
     attempt: int | None = None
@@ -82,7 +82,7 @@ class Diagnostics(Struct, omit_defaults=True, kw_only=True):
 
 
 class OperationView(Struct, kw_only=True):
-    """The operation view of API.md section 5 (`incident` only where one was stored)."""
+    """The operation view of docs/api.md section 5 (`incident` only where one was stored)."""
 
     operation_id: str
     principal: str

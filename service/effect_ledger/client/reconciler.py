@@ -14,15 +14,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msgspec import convert
 
+from effect_ledger.client.calls import ReconcilerCalls
 from effect_ledger.client.errors import ConflictingOutcome, LedgerProblem
 from effect_ledger.client.models import Category, Evidence, NotAppliedReason, OperationView, Receipt
-
-if TYPE_CHECKING:
-    from effect_ledger.client.client import LedgerClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +86,7 @@ class ReconcileReport:
 
 
 async def reconcile_unknown(
-    client: LedgerClient, lookup: Lookup, *, source: str, tool: str | None = None, page_size: int = 100
+    client: ReconcilerCalls, lookup: Lookup, *, source: str, tool: str | None = None, page_size: int = 100
 ) -> ReconcileReport:
     """Resolve every unknown operation (all pages) with `lookup`; one failure does not stop the pass."""
     report = ReconcileReport()
@@ -118,7 +116,7 @@ async def reconcile_unknown(
     return report
 
 
-async def _resolve(client: LedgerClient, operation_id: str, verdict: Verdict, evidence: Evidence) -> None:
+async def _resolve(client: ReconcilerCalls, operation_id: str, verdict: Verdict, evidence: Evidence) -> None:
     if isinstance(verdict, Committed):
         await client.resolve(operation_id, "committed", evidence, receipt=verdict.receipt)
     elif isinstance(verdict, NotApplied):

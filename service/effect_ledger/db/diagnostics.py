@@ -38,9 +38,15 @@ async def insert_incident(conn: asyncpg.Connection, incident: Incident) -> None:
     )
 
 
-async def store_incident(ledger: Ledger, incident: Incident, phase: str = "diagnostics") -> None:
-    """Store an incident in its own tenant transaction through the runtime pool."""
-    async with tenant_tx(ledger.pool, incident.tenant, ledger.acquire_timeout, phase) as (conn, _):
+async def store_incident(
+    ledger: Ledger, incident: Incident, phase: str = "diagnostics", *, shed: bool = True
+) -> None:
+    """Store an incident in its own tenant transaction through the runtime pool.
+
+    `shed=False` (the recorder of error incidents): never refused by load shedding and never counted
+    in the pool's queue, so writing the incidents of 503 answers cannot crowd out requests.
+    """
+    async with tenant_tx(ledger.pool, incident.tenant, ledger.acquire_timeout, phase, shed=shed) as (conn, _):
         await insert_incident(conn, incident)
 
 
@@ -76,11 +82,15 @@ class IncidentRecorder:
         self.capacity = capacity
         self._flushing = asyncio.Lock()
 
+    def defer(self, incident: Incident, reason: str) -> None:
+        """Spool the incident without trying the database now (it is overloaded: a shed request)."""
+        self._spool(incident, reason)
+
     async def record(self, incident: Incident) -> bool:
         """Store the incident now, or spool it; True when it reached the database."""
         if not self.spool:
             try:
-                await store_incident(self.ledger, incident, "incident")
+                await store_incident(self.ledger, incident, "incident", shed=False)
                 return True
             except Exception as exc:  # whatever failed, the reference in the answer must survive
                 failure = exc.exception_type if isinstance(exc, DatabaseUnavailable) else type(exc).__name__
@@ -106,7 +116,7 @@ class IncidentRecorder:
             while self.spool:
                 incident = self.spool[0]
                 try:
-                    await store_incident(self.ledger, incident, "incident")
+                    await store_incident(self.ledger, incident, "incident", shed=False)
                 except DatabaseUnavailable:
                     break
                 except asyncpg.UniqueViolationError:

@@ -162,10 +162,11 @@ def _settle(
     return Outcome(code, op, refusal, events)
 
 
-async def _call(ledger: Ledger, call: str, query: str, *args: Any) -> Mapping[str, Any]:
+async def _call(ledger: Ledger, call: str, query: str, tenant: str, *args: Any) -> Mapping[str, Any]:
     """Run one write-path function: one statement, one round trip; failures are counted, then raised."""
     try:
-        row = await run_statement(ledger.pool, ledger.acquire_timeout, call, sql(query), *args)
+        pool, timeout = ledger.pool, ledger.acquire_timeout
+        row = await run_statement(pool, tenant, timeout, call, sql(query), tenant, *args)
     except LedgerError as exc:  # e.g. a value PostgreSQL cannot store (U+0000): 422
         ledger.observer.observe(call, exc.code, ())
         raise
@@ -184,7 +185,7 @@ def new_material(tenant: str, operation_id: str, nonce: str | None) -> tuple[str
 
 
 async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    """Claim an operation ID (API.md section 6), submitting too when `req.submit`. One round trip."""
+    """Claim an operation ID (docs/api.md section 6), submitting too when `req.submit`. One round trip."""
     token, material = new_material(tenant, req.operation_id, nonce)
     b = req.binding
     row = await _call(

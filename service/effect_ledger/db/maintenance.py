@@ -186,6 +186,55 @@ async def purge(settings: Settings) -> RunResult:
         await conn.close()
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits across all tenants: unknown outcomes to reconcile, and operations purge is late on."""
+
+    unknown_waiting: int
+    unknown_oldest_seconds: float
+    purge_overdue_seconds: float
+
+
+async def read_backlog(settings: Settings) -> Backlog:
+    """Count the unknown outcomes and the purge lag, across tenants (owner, maintenance scope)."""
+    conn = await owner_connection(settings)
+    try:
+        async with conn.transaction(readonly=True):
+            await conn.fetchval(sql("maintenance_scope"), "on")
+            unknown = await conn.fetchrow(sql("unknown_backlog"))
+            overdue = await conn.fetchval(sql("purge_backlog"), settings.retention_days)
+    finally:
+        await conn.close()
+    return Backlog(int(unknown["waiting"]), float(unknown["oldest_seconds"]), float(overdue))
+
+
+@asynccontextmanager
+async def watch_backlog(settings: Settings, report: Callable[[Backlog], None]) -> AsyncIterator[None]:
+    """In `serve`: read the backlog every `backlog_interval_seconds` and hand it to `report` (metrics).
+
+    Runs whether or not sweep and purge run in this process (CronJobs may run them): the gauges say
+    how far behind they are, which is what an alert needs.
+    """
+    if settings.backlog_interval_seconds <= 0 or not settings.database_url:
+        yield
+        return
+
+    async def probe() -> None:
+        while True:
+            try:
+                report(await read_backlog(settings))
+            except Exception as exc:  # a database blip: the next interval tries again
+                log.warning("backlog_failed", exception_type=type(exc).__name__)
+            await asyncio.sleep(settings.backlog_interval_seconds)
+
+    task = asyncio.create_task(probe())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 Task = Callable[[Settings], Awaitable[RunResult]]
 
 

@@ -1,16 +1,26 @@
-"""asyncpg pools: one per role, every connection with timeouts and JSON codecs; tenant transactions."""
+"""asyncpg pools: one per role, every connection with timeouts and JSON codecs; tenant transactions.
+
+Load shedding: every tenant transaction is admitted by its pool's `Admission` before it queues for a
+connection. When `pool_max_waiting` requests already wait, or the oldest has waited longer than
+`pool_shed_wait_ms`, the request is refused at once (503 `unavailable`, Retry-After, incident) instead
+of joining a queue whose wait only grows. Reconciler and audit calls run on their own runtime-role
+pool (`audit_pool_size`), so an executor flood that fills the runtime pool never starves them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 import msgspec
 
+from effect_ledger import tracing
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
 from effect_ledger.domain.errors import DatabaseUnavailable, validation_failed
@@ -95,28 +105,170 @@ async def create_role_pool(settings: Settings, role: str, size: int) -> asyncpg.
     return pool
 
 
+class Admission:
+    """Bounds the queue for one pool's connections: requests beyond the bound are shed at once.
+
+    Fair to quiet tenants: a tenant with fewer requests in flight (queued or holding a connection)
+    than its share of the pool (capacity / tenants in flight, rounded up) is admitted even past the
+    bounds, so a flood by one tenant fills the queue with its own requests and sheds only them.
+    """
+
+    def __init__(self, name: str, capacity: int, max_waiting: int, shed_wait_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.max_waiting = max_waiting
+        self.shed_wait_seconds = shed_wait_seconds
+        self.clock = clock
+        self.on_shed: Callable[[str, str], None] = lambda pool, reason: None  # metrics count sheds
+        self._waiting: dict[int, float] = {}  # ticket -> when it started waiting, oldest first
+        self._inflight: dict[str, int] = {}  # tenant -> requests queued for or holding a connection
+        self._tickets = itertools.count()
+
+    def shed_reason(self, tenant: str) -> str | None:
+        """Why `tenant`'s request arriving now would be shed ("queue" or "wait"), or None to admit it."""
+        if len(self._waiting) >= self.max_waiting:
+            reason = "queue"
+        elif self._waiting and self.clock() - next(iter(self._waiting.values())) > self.shed_wait_seconds:
+            reason = "wait"
+        else:
+            return None
+        tenants = len(self._inflight) + (tenant not in self._inflight)
+        share = -(-self.capacity // tenants)  # rounded up: every tenant in flight gets at least one
+        return None if self._inflight.get(tenant, 0) < share else reason
+
+    def enter(self, tenant: str) -> int:
+        """Admit one request to the queue (its ticket), or raise DatabaseUnavailable (503) at once."""
+        reason = self.shed_reason(tenant)
+        if reason is not None:
+            self.on_shed(self.name, reason)
+            raise DatabaseUnavailable(SHED_PHASE, "PoolSaturated")
+        ticket = next(self._tickets)
+        self._waiting[ticket] = self.clock()
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        return ticket
+
+    def acquired(self, ticket: int) -> None:
+        """The request stopped waiting (it got its connection, or gave up)."""
+        del self._waiting[ticket]
+
+    def leave(self, tenant: str) -> None:
+        """The request released its connection (or never got one)."""
+        left = self._inflight[tenant] - 1
+        if left:
+            self._inflight[tenant] = left
+        else:
+            del self._inflight[tenant]
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a connection right now."""
+        return len(self._waiting)
+
+
+SHED_PHASE = "shed"  # the phase of a request refused before it queued (its incident is only spooled)
+
+# The admission of each open pool (asyncpg pools take no attributes); tenant_tx looks its pool up here.
+_ADMISSIONS: dict[int, Admission] = {}
+
+
+def admit(pool: asyncpg.Pool, admission: Admission) -> None:
+    """Bound `pool`'s queue with `admission` until `pool` is closed through Pools.close."""
+    _ADMISSIONS[id(pool)] = admission
+
+
 @dataclass
 class Pools:
-    """The runtime pool (executors, reconcilers, auditors) and the diagnostics reader pool."""
+    """The runtime pool (executors), the audit pool (reconcilers, auditors) and the diagnostics reader."""
 
     runtime: asyncpg.Pool
     reader: asyncpg.Pool | None
     acquire_timeout: float
+    audit: asyncpg.Pool | None = None
+    admissions: dict[str, Admission] = field(default_factory=dict)
 
     @classmethod
-    async def open(cls, settings: Settings, *, reader: bool = True) -> Pools:
-        """Open both pools for the configured database."""
+    async def open(cls, settings: Settings, *, reader: bool = True, audit: bool = True) -> Pools:
+        """Open the pools for the configured database, each with its admission bound."""
         runtime = await create_role_pool(settings, RUNTIME_ROLE, settings.pool_size)
         reader_pool = (
             await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
         )
-        return cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000)
+        audit_pool = (
+            await create_role_pool(settings, RUNTIME_ROLE, settings.audit_pool_size) if audit else None
+        )
+        pools = cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000, audit_pool)
+        shed_wait = settings.pool_shed_wait_ms / 1000
+        for name, pool in (("runtime", runtime), ("audit", audit_pool), ("reader", reader_pool)):
+            if pool is not None:
+                pools.admissions[name] = Admission(
+                    name, pool.get_max_size(), settings.pool_max_waiting, shed_wait)
+                admit(pool, pools.admissions[name])
+        return pools
 
     async def close(self) -> None:
         """Close every pool, waiting for connections in use to be released."""
-        for pool in (self.runtime, self.reader):
+        for pool in (self.runtime, self.audit, self.reader):
             if pool is not None:
+                _ADMISSIONS.pop(id(pool), None)
                 await pool.close()
+
+
+@asynccontextmanager
+async def tenant_tx(
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction", *, shed: bool = True
+) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
+
+    The one place the service's requests reach the database: admission (shedding; `shed=False` for
+    background writers that must neither be refused nor take a request's place in the queue) and
+    the database call's span both happen here.
+    """
+    with tracing.database_span(phase) as span:
+        admission = _ADMISSIONS.get(id(pool)) if shed else None
+        async with _transaction(pool, admission, tenant, acquire_timeout, phase, span) as bound:
+            yield bound
+
+
+@asynccontextmanager
+async def _transaction(
+    pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, phase: str,
+    span: tracing.Span,
+) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    try:
+        async with _connection(pool, admission, tenant, acquire_timeout, span) as conn, conn.transaction():
+            context = await conn.fetchrow(sql("tenant_context"), tenant)
+            yield conn, context["db_now"]
+    except UNAVAILABLE as exc:
+        raise DatabaseUnavailable(phase, type(exc).__name__) from exc
+    except UNSTORABLE as exc:
+        # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
+        raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+@asynccontextmanager
+async def _connection(
+    pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, span: tracing.Span
+) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection, admitted first (a shed request never queues)."""
+    if admission is None:
+        async with pool.acquire(timeout=acquire_timeout) as conn:
+            yield conn
+        return
+    ticket = admission.enter(tenant)
+    try:
+        acquiring = pool.acquire(timeout=acquire_timeout)
+        try:
+            conn = await acquiring.__aenter__()
+        finally:
+            admission.acquired(ticket)
+        tracing.set_attributes(span, {"effect_ledger.db.pool": admission.name})
+        try:
+            yield conn
+        finally:
+            await acquiring.__aexit__(None, None, None)
+    finally:
+        admission.leave(tenant)
 
 
 @contextmanager
@@ -132,22 +284,12 @@ def translated(phase: str) -> Iterator[None]:
 
 
 async def run_statement(
-    pool: asyncpg.Pool, acquire_timeout: float, phase: str, query: str, *args: Any
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str, query: str, *args: Any
 ) -> asyncpg.Record | None:
-    """One statement in autocommit on a pooled connection: exactly one round trip once the statement
-    is prepared on the connection (asyncpg caches it), with the pool's reset made free (_keep_session)."""
-    with translated(phase):
-        async with pool.acquire(timeout=acquire_timeout) as conn:
+    """One statement in autocommit on a pooled connection (the write path): admitted like tenant_tx,
+    in the call's span, and exactly one round trip once the statement is prepared on the connection
+    (asyncpg caches it; the pool's reset is free, _keep_session). The statement binds the tenant."""
+    with tracing.database_span(phase) as span, translated(phase):
+        async with _connection(pool, _ADMISSIONS.get(id(pool)), tenant, acquire_timeout, span) as conn:
             row: asyncpg.Record | None = await conn.fetchrow(query, *args)
             return row
-
-
-@asynccontextmanager
-async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
-) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
-    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
-    with translated(phase):
-        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
-            context = await conn.fetchrow(sql("tenant_context"), tenant)
-            yield conn, context["db_now"]

@@ -213,6 +213,21 @@ ORDER BY updated_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
+-- name: unknown_backlog
+-- Unknown outcomes across tenants (expired submitted ones included): how many, and the oldest's wait.
+SELECT count(*) AS waiting,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp()
+                - min(CASE WHEN status = 'unknown' THEN updated_at ELSE lease_expires_at END)), 0)::float8
+           AS oldest_seconds
+FROM ledger.operations
+WHERE status = 'unknown' OR (status = 'submitted' AND lease_expires_at <= clock_timestamp());
+
+-- name: purge_backlog
+-- How far past its retention the oldest purgeable operation is, in seconds (0: purge keeps up).
+SELECT COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - make_interval(days => $1) - min(updated_at)), 0)::float8
+FROM ledger.operations
+WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $1);
+
 -- name: purge_mode
 -- The events trigger allows DELETE only in a transaction that sets this (the purge path).
 SELECT set_config('effect_ledger.purge', 'on', true);
@@ -230,7 +245,7 @@ USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
 
 -- ---------------------------------------------------------------------------------------------
--- Protected diagnostics (API.md section 9). The runtime role inserts incidents but cannot read
+-- Protected diagnostics (docs/api.md section 9). The runtime role inserts incidents but cannot read
 -- them, so nothing here uses RETURNING on incidents; the reader role reads them and appends to
 -- the access log in the same transaction.
 

@@ -1,4 +1,4 @@
-"""`effect-ledger demo` (registered with the CLI by importing this module; the work is imported lazily)."""
+"""`effect-ledger demo` (the CLI imports this module only for `demo`; the work is imported lazily)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import secrets
 import sys
 from typing import TYPE_CHECKING
 
-from effect_ledger.cli import command
 from effect_ledger.settings import Settings
 
 if TYPE_CHECKING:
@@ -19,7 +18,6 @@ INTRO = """effect-ledger demo: chapter 15's lost measurement receipt, end to end
 """
 
 
-@command("demo")
 def demo_command(args: argparse.Namespace, settings: Settings) -> int:
     """Run the reference scenario against a fresh database and an in-process service; 0 only if all held."""
     return run_demo(settings)

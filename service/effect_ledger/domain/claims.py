@@ -1,4 +1,4 @@
-"""Who gets to execute: the claim rules of API.md section 6, as pure decisions (refusals returned)."""
+"""Who gets to execute: the claim rules of docs/api.md section 6, as pure decisions (refusals returned)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Protected diagnostics (API.md section 9): the incident record, its allow-list and its screening."""
+"""Protected diagnostics (docs/api.md section 9): the incident record, its allow-list and its screening."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ class Operation:
 
 
 def operation_view(op: Operation) -> dict[str, Any]:
-    """The operation view of API.md section 5."""
+    """The operation view of docs/api.md section 5."""
     return {
         "operation_id": op.operation_id,
         "principal": op.binding.principal,

@@ -8,22 +8,31 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
-from effect_ledger import __version__
+from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import background_maintenance
+from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
+from effect_ledger.http.console import (
+    CONSOLE_ROUTES,
+    ConsoleHeaders,
+    Sealer,
+    console_aware,
+    session_key,
+    template_config,
+)
 from effect_ledger.http.diagnostics import DiagnosticsController
+from effect_ledger.http.docs import docs_assets, docs_plugin
 from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
 from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
@@ -31,48 +40,59 @@ from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
 ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
-                     ReconcilerController, AuditController, metrics_endpoint]
+                     ReconcilerController, AuditController, metrics_endpoint, *CONSOLE_ROUTES]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
     """Build the app for `settings`; pools open at start-up and close at shutdown."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     verifier = TokenVerifier(settings, jwt_secret)
     metrics = Metrics()
+    tracing.configure_from_env()  # off unless the OTEL_* variables ask for traces
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pools = await Pools.open(settings)
         app.state.pools = pools
-        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, LedgerTelemetry(metrics))
-        metrics.watch_pools(runtime=pools.runtime, reader=pools.reader)  # published from start-up on
+        observer = LedgerTelemetry(metrics)
+        app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, observer)
+        app.state.audit_ledger = Ledger(pools.audit or pools.runtime, pools.acquire_timeout, observer)
+        # published from start-up on
+        metrics.watch_pools(pools.admissions, runtime=pools.runtime, audit=pools.audit, reader=pools.reader)
+        limiter = RateLimiter.from_settings(settings, metrics.rate_limit_overflow.inc)
+        app.state.limiter = limiter
         try:
             yield
         finally:
+            limiter.close()
             await pools.close()
             metrics.close()
 
     app = Litestar(
-        route_handlers=ROUTES,
-        exception_handlers=EXCEPTION_HANDLERS,
+        route_handlers=[*ROUTES, docs_assets()],
+        exception_handlers=console_aware(EXCEPTION_HANDLERS),  # console paths answer with pages
+        template_config=template_config(),
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
-        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics)],
+        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics),
+                  lambda _: watch_backlog(settings, metrics.observe_backlog)],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",
             version=__version__,
             description="Claims, fenced transitions, receipts and reconciliation for side effects.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=[docs_plugin()],
         ),
         debug=False,
         logging_config=None,  # logs.configure_logging owns logging: JSON, redacted
     )
     # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too.
-    app.asgi_handler = RequestTelemetry(app.asgi_handler, metrics)
+    app.asgi_handler = RequestTelemetry(ConsoleHeaders(app.asgi_handler), metrics)
     document_problems(app)
     app.state.metrics = metrics
     app.state.verifier = verifier
+    shared_secret = (jwt_secret or settings.jwt_secret) if settings.jwt_algorithm == "HS256" else None
+    app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))
     app.state.migration_head = head_revision()
     app.state.settings = settings
     return app

@@ -1,4 +1,4 @@
-"""Audit calls of API.md section 8: events, the receipts feed, chain verification, the access log."""
+"""Audit calls of docs/api.md section 8: events, the receipts feed, chain verification, the access log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from effect_ledger.db import ledger as repo
 from effect_ledger.db import reads
 from effect_ledger.domain.model import operation_view
 from effect_ledger.http.auth import AUDIT, RECONCILE, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import OperationId, check_operation_id
 
@@ -28,7 +28,7 @@ class AuditController(Controller):
     @get("/operations/{operation_id:str}/events", guards=[requires(RECONCILE, AUDIT)])
     async def events(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
         """An operation's events in chain order, each with prev_hash and hash."""
-        items = await repo.list_events(ledger_of(request), caller_of(request).tenant, operation_id)
+        items = await repo.list_events(audit_ledger_of(request), caller_of(request).tenant, operation_id)
         return Response({"items": items})
 
     @get("/receipts", guards=[requires(AUDIT)])
@@ -49,7 +49,7 @@ class AuditController(Controller):
         after, page_size = q.cursor(cursor, RECEIPTS_CURSOR), q.limit(limit)
         q.check()
         page = await reads.list_receipts(
-            ledger_of(request), caller_of(request).tenant, since=start, until=end, tool=tool_name,
+            audit_ledger_of(request), caller_of(request).tenant, since=start, until=end, tool=tool_name,
             principal=who, after=after, limit=page_size,
         )
         return Response({
@@ -63,7 +63,7 @@ class AuditController(Controller):
     ) -> Response[Any]:
         """Recompute one operation's hash chain, or every chain of the tenant."""
         QueryProblems(request, ("operation_id",)).check()
-        ledger, tenant = ledger_of(request), caller_of(request).tenant
+        ledger, tenant = audit_ledger_of(request), caller_of(request).tenant
         if operation_id:
             check_operation_id(operation_id)
             verdict = await reads.verify_operation(ledger, tenant, operation_id)
@@ -88,7 +88,7 @@ class AuditController(Controller):
         start, after, page_size = q.timestamp("since", since), q.cursor(cursor, ACCESS_CURSOR), q.limit(limit)
         q.check()
         page = await reads.list_access_log(
-            ledger_of(request), caller_of(request).tenant, since=start, after=after, limit=page_size
+            audit_ledger_of(request), caller_of(request).tenant, since=start, after=after, limit=page_size
         )
         return Response({
             "items": [reads.access_view(row) for row in page.items],

@@ -17,6 +17,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
 from effect_ledger.domain.errors import LedgerError
+from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.settings import Settings
 
 EXECUTE = "ledger:execute"
@@ -150,6 +151,10 @@ def requires(*scopes: str) -> Guard:
         caller = authenticate(connection)
         if scopes and caller.scopes.isdisjoint(scopes):
             raise LedgerError("forbidden", "The token lacks the scope this call needs.")
+        # After the token, before the body is read and before any database work (docs/api.md section 4).
+        limiter: RateLimiter | None = getattr(connection.app.state, "limiter", None)
+        if limiter is not None:
+            limiter.check(caller.tenant, caller.principal)
 
     return guard
 

@@ -1,4 +1,4 @@
-"""Protected diagnostics of API.md section 9: report an incident, read one with a stated purpose."""
+"""Protected diagnostics of docs/api.md section 9: report an incident, read one with a stated purpose."""
 
 from __future__ import annotations
 

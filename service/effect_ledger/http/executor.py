@@ -1,4 +1,4 @@
-"""Executor calls of API.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
+"""Executor calls of docs/api.md section 6: claim, submit, heartbeat, complete, and reading one operation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.domain.transitions import Report
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, Caller, requires
-from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.context import caller_of, ledger_of, reading_ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
@@ -139,4 +139,5 @@ class ExecutorController(Controller):
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
         """One operation's view; another tenant's reads as not found."""
         caller = caller_of(request)
-        return view_response(await repo.get_operation(ledger_of(request), caller.tenant, operation_id))
+        op = await repo.get_operation(reading_ledger_of(request), caller.tenant, operation_id)
+        return view_response(op)

@@ -22,6 +22,7 @@ from litestar.background_tasks import BackgroundTask
 
 from effect_ledger.db.diagnostics import IncidentRecorder
 from effect_ledger.db.ledger import Ledger
+from effect_ledger.db.pools import SHED_PHASE
 from effect_ledger.domain.diagnostics import Incident, new_incident_id
 
 log = structlog.get_logger("effect_ledger.incidents")
@@ -33,13 +34,21 @@ _METHOD = re.compile(r"^[A-Z]{1,16}$")
 
 
 async def store_incident(app_state: Any, incident: Incident) -> None:
-    """Log the incident's controlled fields and store it (or spool it while the database is down)."""
+    """Log the incident's controlled fields and store it (or spool it while the database is down).
+
+    A shed request's incident goes to the spool straight away: the database is overloaded, and the
+    spool's flusher writes one incident at a time instead of one more write per refused request.
+    """
     log.error(
         "incident", incident=incident.incident_id, exception_type=incident.exception_type,
         phase=incident.phase, status=incident.http_status, route=incident.route, method=incident.method,
     )
     recorder: IncidentRecorder | None = getattr(app_state, "incidents", None)
-    if recorder is not None:
+    if recorder is None:
+        return
+    if incident.phase == SHED_PHASE:
+        recorder.defer(incident, "shed")
+    else:
         await recorder.record(incident)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,19 @@ CLAIM_RESULTS = {
     "outcome_unknown": "outcome_unknown",
     "intent_conflict": "intent_conflict",
 }
+# Retry amplification: a claim that starts an operation is its first attempt; every other claim of a
+# known ID is a re-attempt (a reclaim after an expired lease or not_applied, a replayed claim whose
+# answer was lost, a claim bounced by a live lease, a repeat answered by the receipt or outcome_unknown).
+ATTEMPT_KINDS = {
+    "granted": "first",
+    "reclaimed": "retry",
+    "replayed": "retry",
+    "in_progress": "retry",
+    "outcome_unknown": "retry",
+    "reuse_receipt": "retry",
+}
+SHED_REASONS = ("queue", "wait")
+POOLS = ("runtime", "audit", "reader")
 # Every status change the state machine allows; exported from the start so rates never lack a series.
 TRANSITIONS = (
     ("none", "pending"), ("pending", "submitted"), ("pending", "committed"), ("pending", "not_applied"),
@@ -110,6 +123,35 @@ class Metrics:
             "effect_ledger_refusals",
             "Transitions refused (stale_claim, invalid_transition...), by call and problem code.",
             ["call", "code"], registry=r)
+        self.claim_attempts = Counter(
+            "effect_ledger_claim_attempts",
+            "Claims by attempt (first: a new operation; retry: any other claim of a known ID) and result.",
+            ["attempt", "result"], registry=r)
+        self.rate_limited = Counter(
+            "effect_ledger_rate_limited",
+            "Requests refused with 429 rate_limited, by route template.", ["route"], registry=r)
+        self.rate_limit_overflow = Counter(
+            "effect_ledger_rate_limit_overflow",
+            "Requests admitted unchecked because the shared bucket table had no free slot.", registry=r)
+        self.shed = Counter(
+            "effect_ledger_db_pool_shed",
+            "Requests refused with 503 before queueing for a connection, by pool and reason (queue, wait).",
+            ["pool", "reason"], registry=r)
+        self.pool_waiting = Gauge(
+            "effect_ledger_db_pool_waiting", "Requests queued for a connection, by pool.",
+            ["pool"], registry=r, multiprocess_mode="livesum")
+        self.unknown_waiting = Gauge(
+            "effect_ledger_unknown_outcomes_waiting",
+            "Unknown outcomes (expired submitted included) waiting for reconciliation, all tenants.",
+            registry=r, multiprocess_mode="max")
+        self.unknown_oldest = Gauge(
+            "effect_ledger_unknown_outcome_oldest_age_seconds",
+            "How long the oldest unknown outcome has waited for reconciliation.",
+            registry=r, multiprocess_mode="max")
+        self.purge_overdue = Gauge(
+            "effect_ledger_purge_overdue_seconds",
+            "How far past its retention the oldest purgeable operation is (0: purge keeps up).",
+            registry=r, multiprocess_mode="max")
         self.requests = Histogram(
             "effect_ledger_http_request_duration_seconds",
             "HTTP requests, by route template, method and status class.",
@@ -135,6 +177,12 @@ class Metrics:
             self.reconciliations.labels(outcome)
         for via in ("sweep", "transition"):
             self.lease_expiries.labels(via)
+        for result, attempt in ATTEMPT_KINDS.items():
+            self.claim_attempts.labels(attempt, result)
+        for pool in POOLS:
+            for reason in SHED_REASONS:
+                self.shed.labels(pool, reason)
+        self._admissions: dict[str, Any] = {}
         self._pools: dict[str, asyncpg.Pool] = {}
         self._multiprocess = multiprocess_dir() is not None
 
@@ -146,6 +194,8 @@ class Metrics:
             result = CLAIM_RESULTS.get(outcome)
             if result is not None:
                 self.claims.labels(result).inc()
+                if result in ATTEMPT_KINDS:
+                    self.claim_attempts.labels(ATTEMPT_KINDS[result], result).inc()
         elif outcome in PROBLEMS:
             self.refusals.labels(call, outcome).inc()
         for event in events:
@@ -175,14 +225,29 @@ class Metrics:
         """Count one answered request in the latency histogram."""
         method = method if method in METHODS else "other"
         self.requests.labels(route, method, f"{status // 100}xx").observe(seconds)
+        if status == 429:
+            self.rate_limited.labels(route).inc()
         if self._multiprocess:
             # Each process publishes its own pools; a scrape reaches only one of them.
             self.refresh_pools()
 
-    def watch_pools(self, **pools: asyncpg.Pool | None) -> None:
-        """The pools whose connections the gauges report (read now and at every scrape)."""
+    def watch_pools(self, admissions: Mapping[str, Any] | None = None, **pools: asyncpg.Pool | None) -> None:
+        """The pools whose connections (and queues, with `admissions`) the gauges report."""
         self._pools = {name: pool for name, pool in pools.items() if pool is not None}
+        self._admissions = dict(admissions or {})
+        for admission in self._admissions.values():
+            admission.on_shed = self.count_shed
         self.refresh_pools()
+
+    def observe_backlog(self, backlog: Any) -> None:
+        """The backlog read by db.maintenance.watch_backlog."""
+        self.unknown_waiting.set(backlog.unknown_waiting)
+        self.unknown_oldest.set(backlog.unknown_oldest_seconds)
+        self.purge_overdue.set(backlog.purge_overdue_seconds)
+
+    def count_shed(self, pool: str, reason: str) -> None:
+        """One request shed before queueing for `pool`'s connections."""
+        self.shed.labels(pool, reason).inc()
 
     def refresh_pools(self) -> None:
         """Read the pools' sizes into the gauges."""
@@ -191,6 +256,8 @@ class Metrics:
             self.pool_connections.labels(name, "in_use").set(size - idle)
             self.pool_connections.labels(name, "idle").set(idle)
             self.pool_max.labels(name).set(pool.get_max_size())
+        for name, admission in self._admissions.items():
+            self.pool_waiting.labels(name).set(admission.queued)
 
     def render(self) -> bytes:
         """The text exposition: this process's registry, or every process's values in multiprocess mode."""

@@ -1,4 +1,4 @@
-"""Document the problem+json answers of API.md section 4 on every /v1 route of the OpenAPI document."""
+"""Document the problem+json answers of docs/api.md section 4 on every /v1 route of the OpenAPI document."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reconciler calls of API.md section 7: the keyset-paged list of operations, and resolve from evidence."""
+"""Reconciler calls of docs/api.md section 7: the keyset-paged operations list, and resolve from evidence."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from msgspec import Meta, Struct
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.db import reads
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import validation_failed
-from effect_ledger.domain.model import STATUSES, operation_view
+from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 from effect_ledger.domain.transitions import Report
-from effect_ledger.http.auth import AUDIT, RECONCILE, requires
-from effect_ledger.http.context import caller_of, ledger_of
-from effect_ledger.http.executor import answer
+from effect_ledger.http.auth import AUDIT, RECONCILE, Caller, requires
+from effect_ledger.http.context import audit_ledger_of, caller_of
+from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
     OperationId,
@@ -57,6 +58,26 @@ def evidence_content(evidence: EvidenceBody) -> dict[str, Any]:
     return {"source": evidence.source, "lookup_ref": evidence.lookup_ref, "checked_at": checked_at}
 
 
+async def resolve_operation(
+    ledger: Ledger, caller: Caller, operation_id: str, data: ResolveBody
+) -> Operation:
+    """Resolve one operation from evidence: the one path the API and the console both take.
+
+    One round trip (db/ledger.resolve); a refusal is raised here, as the problem it answers with.
+    """
+    report = Report(
+        data.outcome,
+        receipt_content(data.receipt, data.outcome),
+        reason_content(data.reason, data.outcome),
+        evidence_content(data.evidence),
+    )
+    outcome = await repo.resolve(ledger, caller.tenant, operation_id, caller.principal, report)
+    if outcome.refusal is not None:
+        raise outcome.refusal.error()
+    assert outcome.operation is not None
+    return outcome.operation
+
+
 class ReconcilerController(Controller):
     """Find operations whose outcome is unknown and settle them from evidence."""
 
@@ -80,7 +101,7 @@ class ReconcilerController(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         page = await reads.list_operations(
-            ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
+            audit_ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
             updated_before=before, after=after, limit=page_size,
         )
         return Response({
@@ -93,12 +114,5 @@ class ReconcilerController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ResolveBody]
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
-        caller = caller_of(request)
-        report = Report(
-            data.outcome,
-            receipt_content(data.receipt, data.outcome),
-            reason_content(data.reason, data.outcome),
-            evidence_content(data.evidence),
-        )
-        ledger = ledger_of(request)
-        return answer(await repo.resolve(ledger, caller.tenant, operation_id, caller.principal, report))
+        op = await resolve_operation(audit_ledger_of(request), caller_of(request), operation_id, data)
+        return view_response(op)

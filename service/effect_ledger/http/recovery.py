@@ -1,4 +1,4 @@
-"""POST /v1/recovery/decide (API.md section 10): the pure next-action decision, for any valid token."""
+"""POST /v1/recovery/decide (docs/api.md section 10): the pure next-action decision, for any valid token."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class RecoveryController(Controller):
 
     @post("/decide", guards=[requires()], status_code=200, **strict(DecideBody))
     async def decide_recovery(self, data: JSONBody[DecideBody]) -> dict[str, Any]:
-        """Reconcile, stop (with a reason) or retry (with a delay), by the rules of API.md section 10."""
+        """Reconcile, stop (with a reason) or retry (with a delay), by the rules of docs/api.md section 10."""
         inp = RecoveryInput(
             attempts=data.attempts,
             maximum_attempts=data.maximum_attempts,

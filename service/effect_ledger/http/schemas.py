@@ -90,7 +90,7 @@ class ReasonBody(Struct, forbid_unknown_fields=True):
 
 
 class DiagnosticsBody(Struct, forbid_unknown_fields=True):
-    """The diagnostics fields of API.md section 9 (POST /v1/diagnostics, and complete's `diagnostics`)."""
+    """The diagnostics fields of docs/api.md section 9 (POST /v1/diagnostics and complete's `diagnostics`)."""
 
     operation_id: Annotated[str, Meta(pattern=OPERATION_ID.pattern)] | None = None
     attempt: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None
@@ -117,6 +117,11 @@ class CompleteBody(Struct, forbid_unknown_fields=True):
 
 S = TypeVar("S", bound=Struct)
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+async def strict_body(request: Any, kind: type[S]) -> S:
+    """The cached body decoded strictly (routes use StrictBody; kept for callers outside a route)."""
+    return decode_strict(await request.body(), kind)
 
 
 def decode_strict(raw: bytes, kind: type[S]) -> S:

@@ -16,9 +16,10 @@ import msgspec
 import structlog
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from effect_ledger.domain.errors import LedgerError
+from effect_ledger import tracing
+from effect_ledger.domain.errors import PROBLEMS, LedgerError
 from effect_ledger.domain.model import EventDraft
-from effect_ledger.http.metrics import CLAIM_RESULTS, Metrics
+from effect_ledger.http.metrics import ATTEMPT_KINDS, CLAIM_RESULTS, METHODS, Metrics
 from effect_ledger.http.problems import PROBLEM_JSON, problem_body
 
 REQUEST_ID_HEADER = b"x-request-id"
@@ -65,11 +66,34 @@ class LedgerTelemetry:
         self.metrics = metrics
 
     def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
-        """Count the decision; bind `outcome` for the summary line of the request that made it."""
+        """Count the decision; name `outcome` in the request's summary line and its span."""
         self.metrics.observe(call, outcome, events)
-        structlog.contextvars.bind_contextvars(
-            outcome=CLAIM_RESULTS.get(outcome, outcome) if call == "claim" else outcome
-        )
+        category = CLAIM_RESULTS.get(outcome, outcome) if call == "claim" else outcome
+        structlog.contextvars.bind_contextvars(outcome=category)
+        if tracing.active():
+            tracing.annotate_current(span_facts(call, outcome, category, events))
+
+
+# What the caller may now know about the effect (the seed's "effect knowledge"), by status or verdict.
+EFFECT_KNOWLEDGE = {
+    "pending": "none", "not_applied": "none", "created": "none", "new_attempt": "none", "replay": "none",
+    "submitted": "unknown", "unknown": "unknown", "outcome_unknown": "unknown",
+    "committed": "committed", "reuse_receipt": "committed",
+}
+
+
+def span_facts(call: str, outcome: str, category: str, events: Sequence[EventDraft]) -> dict[str, str | int]:
+    """The telemetry contract's attributes of one ledger decision: bounded values, no tenant data."""
+    facts: dict[str, str | int] = {"effect_ledger.call": call, "effect_ledger.outcome": category}
+    if call == "claim" and category in ATTEMPT_KINDS:
+        facts["effect_ledger.attempt_kind"] = ATTEMPT_KINDS[category]
+    knowledge = EFFECT_KNOWLEDGE.get(outcome)
+    if knowledge is not None:
+        facts["effect_ledger.effect_knowledge"] = knowledge
+    attempts = [event.attempt for event in events]
+    if attempts:
+        facts["effect_ledger.operation.attempt"] = max(attempts)
+    return facts
 
 
 class RequestTelemetry:
@@ -107,8 +131,11 @@ class RequestTelemetry:
                     exchange.finished = time.perf_counter()
             await send(message)
 
+        method = str(scope.get("method", ""))
+        method = method if method in METHODS else "other"
         # outcome=None first, so that the value a handler binds is reset with request_id afterwards.
-        with structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None):
+        with structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None), \
+                tracing.server_span(method, _trace_headers(scope)) as span:
             try:
                 await self.app(scope, receive, send_with_id)
             except Exception as exc:
@@ -118,14 +145,21 @@ class RequestTelemetry:
                 log.error("unhandled_exception", exception_type=type(exc).__name__)
                 await _send_internal_error(send_with_id)
             finally:
-                self._summarise(scope, exchange, started)
+                self._summarise(scope, exchange, started, span)
 
-    def _summarise(self, scope: Scope, exchange: _Exchange, started: float) -> None:
+    def _summarise(self, scope: Scope, exchange: _Exchange, started: float, span: tracing.Span) -> None:
         ended = exchange.finished or time.perf_counter()
         status = exchange.status or 500
         route = _route_of(scope)
         method = str(scope.get("method", ""))
         self.metrics.observe_request(route, method, status, ended - started)
+        code = _problem_code(exchange) if exchange.problem else None
+        if span is not None:
+            span.update_name(f"{method if method in METHODS else 'other'} {route}")
+            facts: dict[str, str | int] = {"http.route": route, "http.response.status_code": status}
+            if code is not None and code in PROBLEMS:
+                facts["effect_ledger.refusal_code"] = code
+            tracing.set_attributes(span, facts)
         caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
         quiet = route in QUIET_ROUTES and status < 500
         (self.log.debug if quiet else self.log.info)(
@@ -133,12 +167,21 @@ class RequestTelemetry:
             route=route,
             method=method,
             status=status,
-            code=_problem_code(exchange) if exchange.problem else None,
+            code=code,
             tenant=getattr(caller, "tenant", None),
             principal=getattr(caller, "principal", None),
             operation_id=_operation_id(scope),
             duration_ms=round((ended - started) * 1000, 3),
         )
+
+
+def _trace_headers(scope: Scope) -> dict[str, str]:
+    """Only the W3C trace context headers: nothing else of the request reaches the tracer."""
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope["headers"]
+        if name.lower() in (b"traceparent", b"tracestate")
+    }
 
 
 def _route_of(scope: Scope) -> str:

@@ -1,0 +1,1 @@
+../../../service/effect_ledger/__init__.py

@@ -1,0 +1,331 @@
+"""The console's read pages (docs/api.md section 13): each calls the same repository functions as the API.
+
+Every page first asks for the signed-in session with the scopes the matching API call needs, so the
+console never shows more than the token could fetch through `/v1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from litestar import Controller, Request, Response, get
+from litestar.params import FromPath, FromQuery
+from litestar.response import Redirect, Template
+
+from effect_ledger.db import ledger as repo
+from effect_ledger.db import reads
+from effect_ledger.domain.diagnostics import INCIDENT_ID
+from effect_ledger.domain.errors import LedgerError, not_found
+from effect_ledger.domain.model import STATUSES, UNKNOWN, Operation, operation_view
+from effect_ledger.http.audit import ACCESS_CURSOR, RECEIPTS_CURSOR
+from effect_ledger.http.auth import AUDIT, DIAG_READ, EXECUTE, RECONCILE
+from effect_ledger.http.console.access import holds, signed_in
+from effect_ledger.http.console.forms import field_problems
+from effect_ledger.http.console.render import page
+from effect_ledger.http.console.session import ConsoleSession
+from effect_ledger.http.context import ledger_of
+from effect_ledger.http.paging import QueryProblems, encode_cursor
+from effect_ledger.http.reconciler import LIST_CURSOR
+from effect_ledger.http.schemas import OPERATION_ID
+
+PAGE_SIZE = "50"
+
+
+def _problems(error: LedgerError) -> list[tuple[str, str]]:
+    return field_problems(error) if error.code == "validation_failed" else [("", error.detail)]
+
+
+async def readable_operation(
+    request: Request[Any, Any, Any], session: ConsoleSession, operation_id: str
+) -> Operation:
+    """The operation as the API's read gives it; an executor-only token sees only its own principal's."""
+    if not OPERATION_ID.match(operation_id):
+        raise not_found()
+    op = await repo.get_operation(ledger_of(request), session.caller.tenant, operation_id)
+    if not holds(session, RECONCILE, AUDIT) and op.binding.principal != session.caller.principal:
+        raise not_found()
+    return op
+
+
+def operation_page(
+    request: Request[Any, Any, Any],
+    session: ConsoleSession,
+    op: Operation,
+    events: list[dict[str, Any]] | None,
+    chain: Any,
+    *,
+    status: int = 200,
+    **context: Any,
+) -> Template:
+    """The operation page: the view, the timeline, the chain check, and the resolve form where allowed."""
+    return page(
+        request,
+        "operation.html",
+        session,
+        status=status,
+        title=f"Operation {op.operation_id}",
+        op=operation_view(op),
+        events=events,
+        chain=chain,
+        can_resolve=holds(session, RECONCILE),
+        resolvable=op.effective_status == UNKNOWN,
+        **context,
+    )
+
+
+async def operation_context(
+    request: Request[Any, Any, Any], session: ConsoleSession, operation_id: str
+) -> tuple[Operation, list[dict[str, Any]] | None, Any]:
+    """The operation, its events (reconcile/audit) and its chain verdict (audit), as the API reads them."""
+    op = await readable_operation(request, session, operation_id)
+    ledger, tenant = ledger_of(request), session.caller.tenant
+    events = (
+        await repo.list_events(ledger, tenant, operation_id) if holds(session, RECONCILE, AUDIT) else None
+    )
+    chain = await reads.verify_operation(ledger, tenant, operation_id) if holds(session, AUDIT) else None
+    return op, events, chain
+
+
+async def filtered_list(
+    request: Request[Any, Any, Any],
+    session: ConsoleSession,
+    template: str,
+    title: str,
+    q: QueryProblems,
+    filters: dict[str, str],
+    cursor_kind: str,
+    fetch: Callable[[], Awaitable[reads.Page[Operation]]],
+    **extra: Any,
+) -> Template:
+    """A paged list of operations behind filters: bad filters answer the same page with their problems."""
+    try:
+        q.check()
+    except LedgerError as error:
+        return page(
+            request,
+            template,
+            session,
+            status=422,
+            title=title,
+            items=[],
+            filters=filters,
+            problems=_problems(error),
+            next_cursor=None,
+            **extra,
+        )
+    result = await fetch()
+    return page(
+        request,
+        template,
+        session,
+        title=title,
+        filters=filters,
+        problems=[],
+        items=[operation_view(op) for op in result.items],
+        next_cursor=encode_cursor(cursor_kind, result.next_key),
+        **extra,
+    )
+
+
+class ConsolePages(Controller):
+    """Pages that read: overview, unknown queue, operations, one operation, receipts, access log."""
+
+    path = "/console"
+    include_in_schema = False
+
+    @get("/")
+    async def overview(self, request: Request[Any, Any, Any]) -> Template:
+        """Who is signed in, what the token allows, and where to go."""
+        session = signed_in(request)
+        return page(request, "overview.html", session, title="Overview")
+
+    @get("/unknown")
+    async def unknown_queue(
+        self, request: Request[Any, Any, Any], cursor: FromQuery[str | None] = None
+    ) -> Template:
+        """Unknown (and expired-submitted) operations, oldest first: the reconcilers' work list."""
+        session = signed_in(request, RECONCILE, AUDIT)
+        q = QueryProblems(request, ("cursor",))
+        after = q.cursor(cursor, LIST_CURSOR)
+        q.check()
+        result = await reads.list_operations(
+            ledger_of(request),
+            session.caller.tenant,
+            status=UNKNOWN,
+            tool=None,
+            updated_before=None,
+            after=after,
+            limit=int(PAGE_SIZE),
+        )
+        return page(
+            request,
+            "unknown.html",
+            session,
+            title="Unknown queue",
+            items=[operation_view(op) for op in result.items],
+            next_cursor=encode_cursor(LIST_CURSOR, result.next_key),
+            first_page=after is None,
+        )
+
+    @get("/operations")
+    async def search(
+        self,
+        request: Request[Any, Any, Any],
+        status: FromQuery[str | None] = None,
+        tool: FromQuery[str | None] = None,
+        updated_before: FromQuery[str | None] = None,
+        cursor: FromQuery[str | None] = None,
+        operation_id: FromQuery[str | None] = None,
+    ) -> Response[Any]:
+        """Operations by status, tool and last update, oldest first; or straight to one by its ID."""
+        session = signed_in(request, RECONCILE, AUDIT)
+        if operation_id:
+            target = operation_id.strip()
+            if OPERATION_ID.match(target):
+                return Redirect(f"/console/operations/{target}", status_code=303)
+        filters = {"status": status or "", "tool": tool or "", "updated_before": updated_before or ""}
+        q = QueryProblems(request, ("status", "tool", "updated_before", "cursor", "operation_id"))
+        wanted, tool_name = q.choice("status", status, STATUSES), q.text("tool", tool)
+        before, after = q.timestamp("updated_before", updated_before), q.cursor(cursor, LIST_CURSOR)
+        if operation_id and not OPERATION_ID.match(operation_id.strip()):
+            q.errors.append(("operation_id", "must be 1-200 characters of [A-Za-z0-9._:~-]"))
+        return await filtered_list(
+            request,
+            session,
+            "operations.html",
+            "Operations",
+            q,
+            filters,
+            LIST_CURSOR,
+            lambda: reads.list_operations(
+                ledger_of(request),
+                session.caller.tenant,
+                status=wanted,
+                tool=tool_name,
+                updated_before=before,
+                after=after,
+                limit=int(PAGE_SIZE),
+            ),
+            statuses=STATUSES,
+        )
+
+    @get("/operations/{operation_id:str}")
+    async def operation(
+        self,
+        request: Request[Any, Any, Any],
+        operation_id: FromPath[str],
+        resolved: FromQuery[str | None] = None,
+    ) -> Template:
+        """One operation: the view, its event timeline with hashes, the chain check, the resolve form."""
+        session = signed_in(request, EXECUTE, RECONCILE, AUDIT)
+        op, events, chain = await operation_context(request, session, operation_id)
+        notice = {
+            "recorded": "Your resolution was recorded.",
+            "unresolved": "Your look-up was recorded; the operation stays unknown.",
+        }.get(resolved or "")
+        return operation_page(request, session, op, events, chain, notice=notice, form={}, problems=[])
+
+    @get("/receipts")
+    async def receipts(
+        self,
+        request: Request[Any, Any, Any],
+        tool: FromQuery[str | None] = None,
+        principal: FromQuery[str | None] = None,
+        since: FromQuery[str | None] = None,
+        until: FromQuery[str | None] = None,
+        cursor: FromQuery[str | None] = None,
+    ) -> Template:
+        """Committed operations with their receipts, in commit order."""
+        session = signed_in(request, AUDIT)
+        filters = {
+            "tool": tool or "",
+            "principal": principal or "",
+            "since": since or "",
+            "until": until or "",
+        }
+        q = QueryProblems(request, ("tool", "principal", "since", "until", "cursor"))
+        tool_name, who = q.text("tool", tool), q.text("principal", principal)
+        start, end = q.timestamp("since", since), q.timestamp("until", until)
+        after = q.cursor(cursor, RECEIPTS_CURSOR)
+        return await filtered_list(
+            request,
+            session,
+            "receipts.html",
+            "Receipts",
+            q,
+            filters,
+            RECEIPTS_CURSOR,
+            lambda: reads.list_receipts(
+                ledger_of(request),
+                session.caller.tenant,
+                since=start,
+                until=end,
+                tool=tool_name,
+                principal=who,
+                after=after,
+                limit=int(PAGE_SIZE),
+            ),
+        )
+
+    @get("/access-log")
+    async def access_log(
+        self, request: Request[Any, Any, Any], cursor: FromQuery[str | None] = None
+    ) -> Template:
+        """Who read which incident, when and why (ledger:audit)."""
+        session = signed_in(request, AUDIT)
+        q = QueryProblems(request, ("cursor",))
+        after = q.cursor(cursor, ACCESS_CURSOR)
+        q.check()
+        result = await reads.list_access_log(
+            ledger_of(request), session.caller.tenant, since=None, after=after, limit=int(PAGE_SIZE)
+        )
+        return page(
+            request,
+            "access_log.html",
+            session,
+            title="Access log",
+            items=[reads.access_view(row) for row in result.items],
+            next_cursor=encode_cursor(ACCESS_CURSOR, result.next_key),
+        )
+
+    @get("/incidents")
+    async def incidents(
+        self, request: Request[Any, Any, Any], ref: FromQuery[str | None] = None
+    ) -> Response[Any]:
+        """Look an incident up by its reference (the purpose is asked on the next page)."""
+        session = signed_in(request, DIAG_READ)
+        if ref and INCIDENT_ID.match(ref.strip()):
+            return Redirect(f"/console/incidents/{ref.strip()}", status_code=303)
+        problems = (
+            [("Incident reference", "looks like inc_ followed by 16-64 letters, digits, _ or -")]
+            if ref
+            else []
+        )
+        return page(
+            request,
+            "incidents.html",
+            session,
+            status=422 if ref else 200,
+            title="Incidents",
+            problems=problems,
+            ref=ref or "",
+        )
+
+    @get("/sessions/{session_id:str}")
+    async def journal_session(self, request: Request[Any, Any, Any], session_id: FromPath[str]) -> Template:
+        """STUB until the run journal (docs/api.md section 12) is merged: the coordinator wires it here.
+
+        TODO(journal): read the projection through the journal's own repository function with the
+        journal:read (own sessions) / ledger:audit (any session of the tenant) rules, and render each
+        unresolved call's ledger status and `resume`.
+        """
+        session = signed_in(request)
+        return page(
+            request,
+            "session_stub.html",
+            session,
+            status=501,
+            title="Journal session",
+            session_id=session_id[:200],
+        )

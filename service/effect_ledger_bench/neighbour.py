@@ -1,0 +1,86 @@
+"""8. A noisy neighbour: the quiet tenant's claim p99 alone, then beside a tenant flooding claims far
+above its rate limit (issue 15). Target: within 2x of alone. Printed, never asserted; the test suite
+asserts the exact outcomes (tests/integration/test_noisy_neighbour.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import httpx
+
+from effect_ledger_bench.generator import Generator
+from effect_ledger_bench.report import Row, verdict
+from effect_ledger_bench.stats import LoadResult
+from effect_ledger_bench.workload import TOOL, TOOL_VERSION, claim_path
+
+FLOOD_TENANT = "bench-flood"
+FLOOD_PRINCIPAL = "bench-flooder"
+# The flooding tenant's limit; every other tenant of the bench runs unlimited (its rows measure throughput).
+FLOOD_LIMIT = {"per_second": 10, "burst": 20}
+FLOOD_TASKS = 64
+QUIET_EXECUTORS = 4
+NEIGHBOUR_P99_FACTOR = 2.0
+
+
+def rate_limit_env() -> dict[str, str]:
+    """serve's rate limit settings for the bench: none, except the flooding tenant's override."""
+    return {
+        "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0",
+        "EFFECT_LEDGER_RATE_LIMIT_OVERRIDES": json.dumps({FLOOD_TENANT: FLOOD_LIMIT}),
+    }
+
+
+async def flood(base_url: str, token: str, stop: asyncio.Event) -> Counter[int]:
+    """Claims of new IDs from FLOOD_TASKS connections, back to back, until `stop` is set."""
+    answers: Counter[int] = Counter()
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"tool": TOOL, "tool_version": TOOL_VERSION, "intent": {"flood": True}, "lease_seconds": 30}
+    limits = httpx.Limits(max_connections=FLOOD_TASKS, max_keepalive_connections=FLOOD_TASKS)
+
+    async def one(task: int, http: httpx.AsyncClient) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                r = await http.post(claim_path(f"flood-{task}-{n}", "claim"), json=body, headers=headers)
+                answers[r.status_code] += 1
+            except httpx.TransportError:
+                answers[0] += 1
+            n += 1
+
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as http:
+        await asyncio.gather(*(one(task, http) for task in range(FLOOD_TASKS)))
+    return answers
+
+
+async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, duration: float) -> list[Row]:
+    """The quiet tenant's cycles alone, then beside the flood; one row each."""
+    executors = QUIET_EXECUTORS
+    alone = await gen.cycles(executors, warmup, duration, "nq-alone")
+    stop = asyncio.Event()
+    flooding = asyncio.create_task(flood(gen.base_url, flood_token, stop))
+    try:
+        beside = await gen.cycles(executors, warmup, duration, "nq-flood")
+    finally:
+        stop.set()
+        answers = await flooding
+    base, loaded = alone.latency("claim"), beside.latency("claim")
+    factor = loaded.p99 / base.p99 if base.p99 > 0 else float("nan")
+    flood_note = ", ".join(f"{status or 'transport error'}: {n:,}" for status, n in sorted(answers.items()))
+    limit = f"limit {FLOOD_LIMIT['per_second']}/s burst {FLOOD_LIMIT['burst']}"
+    return [
+        Row("8", f"neighbour: quiet tenant alone, {executors} executors, claim",
+            f"{alone.cycle_rate:,.0f} cycles/s", base, notes=_errors(alone)),
+        Row("8", "neighbour: quiet tenant beside a flood, claim",
+            f"{beside.cycle_rate:,.0f} cycles/s", loaded,
+            target=f"p99 <= {NEIGHBOUR_P99_FACTOR:g} x alone: {verdict(factor <= NEIGHBOUR_P99_FACTOR)} "
+                   f"({factor:.2f}x)",
+            notes=f"{_errors(beside)}; flood ({FLOOD_TASKS} connections, {limit}): {flood_note}"),
+    ]
+
+
+def _errors(result: LoadResult) -> str:
+    if not result.errors:
+        return "0 errors"
+    return "errors " + ", ".join(f"{k}: {v}" for k, v in sorted(result.errors.items()))
