@@ -17,7 +17,7 @@ Create Date: 2026-11-30
 from effect_ledger.db.migrate import execute_script
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -121,18 +121,21 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
         _announce(configured, ready)
         try:
-            uvicorn.run(
-                "effect_ledger.http.app:app_from_env",
-                factory=True,
-                host=ready.host,
-                port=ready.port,
-                workers=ready.workers if ready.workers > 1 else None,
-                log_level="warning",
-                log_config=None,  # uvicorn's records go through the JSON handler of configure_logging
-                access_log=False,  # the app logs one summary line per request itself
-                timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
-                lifespan="on",
-            )
+            if ready.http_server == "granian":
+                _serve_granian(ready)
+            else:
+                uvicorn.run(
+                    "effect_ledger.http.app:app_from_env",
+                    factory=True,
+                    host=ready.host,
+                    port=ready.port,
+                    workers=ready.workers if ready.workers > 1 else None,
+                    log_level="warning",
+                    log_config=None,  # uvicorn's records go through the JSON handler of configure_logging
+                    access_log=False,  # the app logs one summary line per request itself
+                    timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
+                    lifespan="on",
+                )
         finally:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -176,6 +179,27 @@ def server_of(database_url: str) -> str:
     user = f"{parts.username}@" if parts.username else ""
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{user}{parts.hostname or 'localhost'}{port}{parts.path}"
+
+
+def _serve_granian(ready: Settings) -> None:
+    """The same app under granian (a Rust HTTP server): workers are processes, lifespan on."""
+    from granian import Granian
+    from granian.constants import Interfaces
+    from prometheus_client import values
+
+    # granian forks its workers from this process, which imported prometheus_client before
+    # prepare_multiprocess_dir set its directory: choose the per-process value files now.
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    Granian(
+        "effect_ledger.http.app:app_from_env",
+        factory=True,
+        address=ready.host,
+        port=ready.port,
+        interface=Interfaces.ASGI,
+        workers=ready.workers,
+        log_enabled=False,  # the app logs one summary line per request itself, as JSON
+        workers_kill_timeout=ready.shutdown_timeout_seconds,
+    ).serve()
 
 
 def migrate_command(args: argparse.Namespace, settings: Settings) -> int:

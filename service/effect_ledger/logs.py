@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any
 
+import msgspec
 import structlog
 
 from effect_ledger.domain.redaction import redact_secrets
@@ -27,6 +28,15 @@ class _CurrentStdout:
 
 
 STDOUT: Any = _CurrentStdout()
+_ENCODER = msgspec.json.Encoder(enc_hook=repr)  # what msgspec cannot encode is logged as its repr()
+
+
+def _dumps(event: Any, **_: Any) -> str:
+    """JSON text of one event: msgspec (about ten times cheaper than the standard library's json)."""
+    return _ENCODER.encode(event).decode("utf-8")
+
+
+_RENDER = structlog.processors.JSONRenderer(serializer=_dumps)
 
 # Shared by structlog events and stdlib records, so both carry the same fields.
 _PRE_CHAIN: list[Any] = [
@@ -57,7 +67,7 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=True)
         if for_people(log_format)
-        else structlog.processors.JSONRenderer()
+        else _RENDER
     )
     structlog.configure(
         processors=[*_PRE_CHAIN, redact_secrets, renderer],

@@ -83,6 +83,9 @@ class Settings:
     host: str = setting("127.0.0.1", "listen address")
     port: int = setting(8000, "listen port", between(1, 65535))
     workers: int = setting(1, "server processes; each has its own pools", at_least(1))
+    http_server: str = setting(
+        "granian", "the ASGI server `serve` runs: `granian` or `uvicorn`", one_of("granian", "uvicorn")
+    )
     jwt_secret: str | None = setting(
         None, "HS256 shared secret (absent with HS256: a development secret, created in the data directory)"
     )

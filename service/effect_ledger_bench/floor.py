@@ -1,10 +1,10 @@
 """The Python floor: the same statements through asyncpg in one process, no HTTP.
 
-Two floors are measured. `statements` runs exactly the catalogue statements the service runs, with
-values shaped as the service shapes them, inside the service's own `tenant_tx` (pool acquire, BEGIN,
-tenant_context, COMMIT, pool release); it is what asyncpg and one event loop cost. `repository` calls
-the service's repository functions (ledger.claim and ledger.transition with the real domain decisions),
-so the gap between the two is the domain's Python and the gap to the service is HTTP, JWT and JSON.
+Two floors are measured. `statements` runs exactly the catalogue statements the service runs (one
+write-path function call per call, autocommit, pool acquire and release around each), with values
+shaped as the service shapes them; it is what asyncpg and one event loop cost. `repository` calls the
+service's repository functions (ledger.claim, submit, complete with the domain around them), so the
+gap between the two is the domain's Python and the gap to the service is HTTP, JWT and JSON.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 import asyncpg
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.ledger import lock_for_change
-from effect_ledger.db.pools import create_role_pool, tenant_tx
+from effect_ledger.db.pools import create_role_pool
 from effect_ledger.db.urls import RUNTIME_ROLE
 from effect_ledger.domain.canonical import intent_digest
-from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.claims import ClaimRequest
-from effect_ledger.domain.model import Binding, Operation
+from effect_ledger.domain.model import Binding
 from effect_ledger.domain.tokens import nonce_hash
-from effect_ledger.domain.transitions import Decision, Report, decide_complete, decide_submit
+from effect_ledger.domain.transitions import Report
 from effect_ledger.settings import Settings
 from effect_ledger_bench.stats import LoadResult
 from effect_ledger_bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
@@ -38,34 +35,22 @@ _BYTES = hashlib.sha256(b"bench").digest()
 
 
 def statement_cycle(pool: asyncpg.Pool) -> Cycle:
-    """One effect cycle as the service's three transactions, with no domain logic around them."""
-
-    async def write(conn: asyncpg.Connection, op_id: str, status: str, seq: int, **state: object) -> None:
-        await lock_for_change(conn, TENANT, op_id)
-        now = state["now"]
-        await conn.execute(
-            sql("apply_change"), TENANT, op_id, status, 1, _BYTES, _BYTES, _BYTES, LEASE_SECONDS,
-            state.get("lease"), f"ref-{op_id}", state.get("receipt"), None, now, now, state.get("resolved"),
-            state.get("resolved_by"), [seq], [now], [state["kind"]], [PRINCIPAL], [state["before"]], [status],
-            [1], [state["data"]], [_HASH], [_HASH], seq, _HASH,
-        )
+    """One effect cycle as the service's three statements (one round trip each), no domain logic."""
+    token_hash = hashlib.sha256(b"bench-token").digest()
+    receipt = '{"external_ref":"rcpt","observed_at":null,"result":null,"result_digest":null}'
 
     async def cycle(op_id: str) -> None:
-        async with tenant_tx(pool, TENANT, 2.0, "claim") as (conn, now):
-            lease = now + timedelta(seconds=LEASE_SECONDS)
-            await conn.fetchval(
-                sql("insert_first_attempt"), TENANT, op_id, PRINCIPAL, TOOL, TOOL_VERSION,
-                "sha256:" + _HASH, _BYTES, _BYTES, _BYTES, LEASE_SECONDS, lease, now,
-                {"lease_expires_at": "x"}, GENESIS_HASH, _HASH,
+        async with pool.acquire() as conn:
+            await conn.fetchrow(
+                sql("run_claim"), TENANT, op_id, PRINCIPAL, TOOL, TOOL_VERSION, "sha256:" + _HASH,
+                LEASE_SECONDS, _BYTES, token_hash, None, False, None,
             )
-        async with tenant_tx(pool, TENANT, 2.0, "submit") as (conn, now):
-            await write(conn, op_id, "submitted", 2, now=now, lease=now + timedelta(seconds=LEASE_SECONDS),
-                        kind="submitted", before="pending", data={"effect_ref": f"ref-{op_id}"})
-        async with tenant_tx(pool, TENANT, 2.0, "complete") as (conn, now):
-            receipt = {"external_ref": f"rcpt-{op_id}", "recorded_by": PRINCIPAL}
-            await write(conn, op_id, "committed", 3, now=now, receipt=receipt, resolved=now,
-                        resolved_by=PRINCIPAL, kind="completed", before="submitted",
-                        data={"outcome": "committed", "receipt": receipt})
+        async with pool.acquire() as conn:
+            await conn.fetchrow(sql("run_submit"), TENANT, op_id, token_hash, f"ref-{op_id}", None)
+        async with pool.acquire() as conn:
+            await conn.fetchrow(
+                sql("run_complete"), TENANT, op_id, PRINCIPAL, token_hash, "committed", receipt, None, None
+            )
 
     return cycle
 
@@ -84,15 +69,8 @@ def repository_cycle(pool: asyncpg.Pool) -> Cycle:
         claimed = await repo.claim(ledger, TENANT, request, nonce)
         token = claimed.token
         assert token is not None
-
-        def submit(op: Operation) -> Decision:
-            return Decision(decide_submit(op, token, f"ref-{op_id}", None))
-
-        def complete(op: Operation) -> Decision:
-            return decide_complete(op, PRINCIPAL, token, report)
-
-        await repo.transition(ledger, TENANT, op_id, submit, "submit")
-        await repo.transition(ledger, TENANT, op_id, complete, "complete")
+        await repo.submit(ledger, TENANT, op_id, token, f"ref-{op_id}", None)
+        await repo.complete(ledger, TENANT, op_id, PRINCIPAL, token, report)
 
     return cycle
 

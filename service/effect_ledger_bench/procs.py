@@ -71,10 +71,13 @@ def self_cpu_seconds() -> float:
 
 
 def worker_rss_mb(pid: int) -> list[float]:
-    """Resident memory of each server worker: the spawned children, or the process itself when it has none."""
+    """Resident memory of each server worker: its worker children (uvicorn spawns them, granian forks
+    them with the parent's command line), or the process itself when it has none."""
     try:
         root = psutil.Process(pid)
-        workers = [c for c in root.children() if "spawn_main" in " ".join(_cmdline(c))]
+        own = _cmdline(root)
+        workers = [c for c in root.children()
+                   if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)]
         return [float(p.memory_info().rss) / 2**20 for p in (workers or [root])]
     except psutil.NoSuchProcess:
         return []

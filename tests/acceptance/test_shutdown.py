@@ -90,8 +90,10 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def spawned_workers(parent: int) -> list[int]:
-    """uvicorn's worker processes: children of `parent` started by multiprocessing's spawn."""
+    """The server's worker processes: children of `parent` that uvicorn started by multiprocessing's
+    spawn, or that granian forked (they keep the parent's command line)."""
     found = []
+    own = (Path("/proc") / str(parent) / "cmdline").read_bytes().replace(b"\0", b" ")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -101,7 +103,7 @@ def spawned_workers(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"spawn_main" in cmdline:
+        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own):
             found.append(int(entry.name))
     return found
 

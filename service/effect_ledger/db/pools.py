@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -275,3 +275,27 @@ async def _connection(
             await acquiring.__aexit__(None, None, None)
     finally:
         admission.leave(tenant)
+
+
+@contextmanager
+def translated(phase: str) -> Iterator[None]:
+    """Translate driver failures once: unreachable or overloaded -> 503, unstorable values -> 422."""
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise DatabaseUnavailable(phase, type(exc).__name__) from exc
+    except UNSTORABLE as exc:
+        # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
+        raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+async def run_statement(
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str, query: str, *args: Any
+) -> asyncpg.Record | None:
+    """One statement in autocommit on a pooled connection (the write path): admitted like tenant_tx,
+    in the call's span, and exactly one round trip once the statement is prepared on the connection
+    (asyncpg caches it; the pool's reset is free, _keep_session). The statement binds the tenant."""
+    with tracing.database_span(phase) as span, translated(phase):
+        async with _connection(pool, _ADMISSIONS.get(id(pool)), tenant, acquire_timeout, span) as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(query, *args)
+            return row

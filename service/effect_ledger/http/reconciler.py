@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get, post
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.params import FromQuery, JSONBody
 from msgspec import Meta, Struct
 
 from effect_ledger.db import ledger as repo
@@ -14,17 +14,18 @@ from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import validation_failed
 from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
-from effect_ledger.domain.transitions import Decision, Report, decide_resolve
+from effect_ledger.domain.transitions import Report
 from effect_ledger.http.auth import AUDIT, RECONCILE, Caller, requires
 from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
+    OperationId,
     ReasonBody,
     ReceiptBody,
-    check_operation_id,
     reason_content,
     receipt_content,
+    strict,
 )
 
 LIST_CURSOR = "operations"
@@ -62,7 +63,7 @@ async def resolve_operation(
 ) -> Operation:
     """Resolve one operation from evidence: the one path the API and the console both take.
 
-    The seam where resolve meets the repository: re-point it here when the write path changes.
+    One round trip (db/ledger.resolve); a refusal is raised here, as the problem it answers with.
     """
     report = Report(
         data.outcome,
@@ -70,11 +71,11 @@ async def resolve_operation(
         reason_content(data.reason, data.outcome),
         evidence_content(data.evidence),
     )
-
-    def decide(op: Operation) -> Decision:
-        return decide_resolve(op, caller.principal, report)
-
-    return await repo.transition(ledger, caller.tenant, operation_id, decide, "resolve")
+    outcome = await repo.resolve(ledger, caller.tenant, operation_id, caller.principal, report)
+    if outcome.refusal is not None:
+        raise outcome.refusal.error()
+    assert outcome.operation is not None
+    return outcome.operation
 
 
 class ReconcilerController(Controller):
@@ -108,11 +109,10 @@ class ReconcilerController(Controller):
             "next_cursor": encode_cursor(LIST_CURSOR, page.next_key),
         })
 
-    @post("/{operation_id:str}/resolve", guards=[requires(RECONCILE)], status_code=200)
+    @post("/{operation_id:str}/resolve", guards=[requires(RECONCILE)], status_code=200, **strict(ResolveBody))
     async def resolve(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ResolveBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ResolveBody]
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
-        check_operation_id(operation_id)
         op = await resolve_operation(audit_ledger_of(request), caller_of(request), operation_id, data)
         return view_response(op)
