@@ -27,6 +27,7 @@ class Settings:
     jwt_algorithm: str = "HS256"
     jwt_audience: str = "effect-ledger"
     jwt_issuer: str = "effect-ledger"
+    jwt_max_ttl_seconds: int = 86400  # a token whose exp - iat exceeds this is refused (401)
     retention_days: int = 30  # terminal operations and their events are purged after this
     diagnostics_retention_days: int = 14
     access_log_retention_days: int = 365

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import jwt
 from jwt.warnings import InsecureKeyLengthWarning
@@ -25,6 +26,8 @@ DIAG_READ = "diagnostics:read"
 ALL_SCOPES = (EXECUTE, RECONCILE, AUDIT, DIAG_WRITE, DIAG_READ)
 MAX_TOKEN_BYTES = 8192
 REQUIRED_CLAIMS = ["sub", "tenant", "exp", "iat", "aud", "iss"]
+# API.md section 3: `tenant` and `sub` become keys and log fields, so they are bounded like IDs.
+IDENTITY = re.compile(r"[A-Za-z0-9._:@~-]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class TokenVerifier:
         self.algorithm = settings.jwt_algorithm
         self.audience = settings.jwt_audience
         self.issuer = settings.jwt_issuer
+        self.max_ttl = settings.jwt_max_ttl_seconds
         self._jwks: jwt.PyJWKSet | None = None
         self._key: Any
         if self.algorithm == "HS256":
@@ -94,12 +98,24 @@ class TokenVerifier:
             raise _unauthenticated("The bearer token has expired.") from None
         except (jwt.PyJWTError, ValueError, TypeError):
             raise _unauthenticated("The bearer token is not valid for this service.") from None
+        return self._caller(claims)
+
+    def _caller(self, claims: dict[str, Any]) -> Caller:
+        """Bound the claims the service keys on; any violation is the same 401 as a bad signature."""
         tenant, subject, scope = claims.get("tenant"), claims.get("sub"), claims.get("scope", "")
-        if not isinstance(tenant, str) or not tenant or not isinstance(subject, str) or not subject:
-            raise _unauthenticated("The bearer token lacks a tenant or subject.")
+        if not _is_identity(tenant) or not _is_identity(subject):
+            raise _unauthenticated("The bearer token's tenant or subject is missing or malformed.")
         if not isinstance(scope, str):
             raise _unauthenticated("The bearer token's scope is not a string.")
+        issued, expires = claims["iat"], claims["exp"]  # both required; PyJWT checked they are numbers
+        # bool is an int in Python, and no time at all here
+        if isinstance(issued, bool) or isinstance(expires, bool) or expires - issued > self.max_ttl:
+            raise _unauthenticated("The bearer token lives longer than this service accepts.")
         return Caller(tenant, subject, frozenset(scope.split()))
+
+
+def _is_identity(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and IDENTITY.fullmatch(value) is not None
 
 
 def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
