@@ -199,7 +199,8 @@ def decide_resolve(op: Operation, actor: str, report: Report) -> Decision:
     """A reconciler's verdict on an unknown operation, from evidence; `unresolved` only records the try."""
     status = op.effective_status
     if status in TERMINAL:
-        if same_outcome(op, report):
+        # `unresolved` claims no outcome, so it cannot disagree with one: a late look-up changes nothing
+        if report.outcome == "unresolved" or same_outcome(op, report):
             return Decision(NO_CHANGE)
         return _discrepancy(op, actor, report, "resolve")
     if status != UNKNOWN:
