@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from effect_ledger.domain.claims import lease_until, operation_error
-from effect_ledger.domain.errors import LedgerError
+from effect_ledger.domain.errors import LedgerError, not_found
 from effect_ledger.domain.model import (
     COMMITTED,
     NOT_APPLIED,
@@ -46,6 +46,13 @@ class Decision:
 
 
 NO_CHANGE = Change(None, ())
+
+
+def check_owner(op: Operation, principal: str, reads_tenant: bool) -> None:
+    """API.md section 3: an executor sees only operations bound to its own principal; any other reads
+    exactly as a missing one (the token of another principal's attempt cannot be its own anyway)."""
+    if not reads_tenant and op.binding.principal != principal:
+        raise not_found()
 
 
 def check_fence(op: Operation, token: str) -> None:

@@ -38,6 +38,11 @@ class Caller:
     principal: str
     scopes: frozenset[str]
 
+    @property
+    def reads_tenant(self) -> bool:
+        """Reconcilers and auditors read every operation of the tenant; executors only their own."""
+        return not self.scopes.isdisjoint((RECONCILE, AUDIT))
+
 
 def _unauthenticated(detail: str) -> LedgerError:
     return LedgerError("unauthenticated", detail)

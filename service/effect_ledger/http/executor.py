@@ -16,6 +16,7 @@ from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.domain.transitions import (
     Decision,
     Report,
+    check_owner,
     decide_complete,
     decide_heartbeat,
     decide_submit,
@@ -100,6 +101,7 @@ class ExecutorController(Controller):
         caller = caller_of(request)
 
         def decide(op: Operation) -> Decision:
+            check_owner(op, caller.principal, caller.reads_tenant)
             return Decision(decide_submit(op, data.token, data.effect_ref, data.lease_seconds))
 
         op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "submit")
@@ -115,6 +117,7 @@ class ExecutorController(Controller):
         caller = caller_of(request)
 
         def decide(op: Operation) -> Decision:
+            check_owner(op, caller.principal, caller.reads_tenant)
             return Decision(decide_heartbeat(op, data.token, data.lease_seconds or op.lease_seconds))
 
         op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "heartbeat")
@@ -137,6 +140,7 @@ class ExecutorController(Controller):
         )
 
         def decide(op: Operation) -> Decision:
+            check_owner(op, caller.principal, caller.reads_tenant)
             return decide_complete(op, caller.principal, data.token, report)
 
         if incident is None:
@@ -150,7 +154,9 @@ class ExecutorController(Controller):
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: FromPath[str]) -> Response[Any]:
-        """One operation's view; another tenant's reads as not found."""
+        """One operation's view; another tenant's (or, for an executor, another principal's) is not found."""
         check_operation_id(operation_id)
         caller = caller_of(request)
-        return view_response(await repo.get_operation(ledger_of(request), caller.tenant, operation_id))
+        op = await repo.get_operation(ledger_of(request), caller.tenant, operation_id)
+        check_owner(op, caller.principal, caller.reads_tenant)
+        return view_response(op)
