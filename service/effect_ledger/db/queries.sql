@@ -254,6 +254,12 @@ INSERT INTO diagnostics.incidents (
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
         COALESCE($19::timestamptz, clock_timestamp()));
 
+-- name: store_report
+-- Store a report that carries a report_id, once per (principal, report key): SECURITY DEFINER (0007),
+-- answers the first incident's reference, whether this call stored it, and whether the fields match.
+SELECT first_incident, stored, same_fields
+FROM diagnostics.store_report($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
+
 -- name: read_incident
 -- One incident of the tenant (reader role only).
 SELECT tenant_id AS tenant, incident_id, created_at, source, principal, operation_id, attempt, phase,
