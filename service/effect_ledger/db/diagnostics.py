@@ -19,7 +19,13 @@ import structlog
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger, transition
 from effect_ledger.db.pools import tenant_tx
-from effect_ledger.domain.diagnostics import Incident, ReportKey, incident_view, new_access_id, report_conflict
+from effect_ledger.domain.diagnostics import (
+    Incident,
+    ReportKey,
+    incident_view,
+    new_access_id,
+    report_conflict,
+)
 from effect_ledger.domain.errors import DatabaseUnavailable, not_found, validation_failed
 from effect_ledger.domain.model import UNKNOWN, Operation
 from effect_ledger.domain.transitions import Decision
