@@ -80,9 +80,11 @@ GRANT EXECUTE ON FUNCTION diagnostics.store_report(
 
 FEED = r"""
 ALTER TABLE ledger.operations ADD COLUMN feed_position bigint CHECK (feed_position >= 1);
--- The feed in position order, and the (small) set of committed rows still waiting for a position.
+-- The feed in position order (replacing the resolution-time order of 0001's operations_receipts),
+-- and the (small) set of committed rows still waiting for a position.
+DROP INDEX ledger.operations_receipts;
 CREATE UNIQUE INDEX operations_feed ON ledger.operations (tenant_id, feed_position)
-    WHERE feed_position IS NOT NULL;
+    WHERE status = 'committed';
 CREATE INDEX operations_unpositioned ON ledger.operations (tenant_id, resolved_at, operation_id)
     WHERE status = 'committed' AND feed_position IS NULL;
 
@@ -99,6 +101,19 @@ CREATE POLICY tenant_isolation ON ledger.feed_counters
 CREATE POLICY maintenance ON ledger.feed_counters TO CURRENT_USER
     USING (current_setting('effect_ledger.maintenance', true) = 'on');
 GRANT SELECT, INSERT, UPDATE ON ledger.feed_counters TO effect_ledger_runtime;
+-- On Citus the counter lives in the tenant's shard group (as 0003 does for the other tables), so
+-- the lock, the stamping and the feed read of one tenant are all single-shard, on one node.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RETURN;  -- plain PostgreSQL (pg_dist_partition exists only with Citus: planned only past here)
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'ledger.feed_counters'::regclass) THEN
+        PERFORM create_distributed_table(
+            'ledger.feed_counters'::regclass, 'tenant_id', colocate_with => 'ledger.operations');
+    END IF;
+END
+$$;
 
 -- Backfill: what is committed now gets positions in resolution order, per tenant.
 SELECT set_config('effect_ledger.maintenance', 'on', true);

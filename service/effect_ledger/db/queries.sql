@@ -143,16 +143,48 @@ ORDER BY created_at, operation_id
 LIMIT $7;
 
 -- name: list_receipts
--- Receipts feed: committed operations by resolution time, over the partial index operations_receipts.
+-- Receipts feed: committed operations in feed position order after $2, over operations_feed.
+-- since/until filter by resolution time; a tombstone keeps its position but has no receipt to show.
 SELECT o.*, clock_timestamp() AS db_now
 FROM ledger.operations AS o
-WHERE o.tenant_id = $1 AND o.status = 'committed'
-  AND o.resolved_at >= $2 AND (o.resolved_at > $2 OR o.operation_id > $3)
-  AND o.resolved_at >= $4 AND o.resolved_at < $5
-  AND ($6::text IS NULL OR o.tool = $6)
-  AND ($7::text IS NULL OR o.principal = $7)
-ORDER BY o.resolved_at, o.operation_id
-LIMIT $8;
+WHERE o.tenant_id = $1 AND o.feed_position > $2
+  AND o.status = 'committed' AND o.receipt IS NOT NULL
+  AND o.resolved_at >= $3 AND o.resolved_at < $4
+  AND ($5::text IS NULL OR o.tool = $5)
+  AND ($6::text IS NULL OR o.principal = $6)
+ORDER BY o.feed_position
+LIMIT $7;
+
+-- name: feed_lock
+-- The tenant's feed counter, locked (created at 0 the first time): whoever holds it is the one
+-- sequencer of the tenant. After waiting for another sequencer, DO UPDATE locks and returns the
+-- newest committed value.
+INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, 0)
+ON CONFLICT (tenant_id) DO UPDATE SET last_position = ledger.feed_counters.last_position
+RETURNING last_position;
+
+-- name: feed_assign
+-- Give the next positions after $2 to up to $3 committed operations that have none, in resolution
+-- order, and move the counter; runs after feed_lock in the same transaction. Its snapshot is taken
+-- after the lock was granted, so it sees every position an earlier sequencer committed, and it
+-- positions only rows whose commit it can see: a position is never handed out below one already
+-- visible. Answers how many rows got a position.
+WITH batch AS (
+    SELECT o.operation_id, $2::bigint + row_number() OVER (ORDER BY o.resolved_at, o.operation_id) AS position
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position IS NULL
+    ORDER BY o.resolved_at, o.operation_id
+    LIMIT $3
+), stamped AS (
+    UPDATE ledger.operations AS o SET feed_position = b.position
+    FROM batch AS b
+    WHERE o.tenant_id = $1 AND o.operation_id = b.operation_id AND o.feed_position IS NULL
+    RETURNING b.position
+)
+UPDATE ledger.feed_counters AS c
+SET last_position = GREATEST(c.last_position, (SELECT COALESCE(max(position), 0) FROM stamped))
+WHERE c.tenant_id = $1
+RETURNING (SELECT count(*) FROM stamped) AS assigned;
 
 -- name: operation_chain
 -- One operation's row status and attempt beside each of its events in seq order, for verification;
