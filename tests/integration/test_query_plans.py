@@ -122,6 +122,9 @@ async def populated(db_url: str) -> str:
             " WHERE status = 'committed') AS n"
             " WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id"
         )
+        # the UPDATE moved the committed rows in hash-join order; the sequencer stamps them in position
+        # order, so put them back in creation order as the live table would hold them
+        await conn.execute("CLUSTER ledger.operations USING operations_by_created")
         await conn.execute(
             "INSERT INTO ledger.feed_counters SELECT tenant_id, max(feed_position) FROM ledger.operations"
             " WHERE status = 'committed' GROUP BY tenant_id"
@@ -163,9 +166,6 @@ async def test_list_pages_need_no_sort_of_the_tenant(populated: str) -> None:
         async with conn.transaction():
             await conn.execute("SELECT set_config('effect_ledger.tenant', 't3', true)")
             for query, params, _ in CASES:
-                # the whole feed from position 0 is ~330 committed rows here: the planner may sort those
-                if query == "list_receipts" and params[1] == 0:
-                    continue
                 if query in ("list_operations", "list_operations_by_status", "list_receipts"):
                     small_page = (
                         (*params[:6], 20, *params[7:]) if query != "list_receipts" else (*params[:6], 20)
