@@ -28,7 +28,8 @@ class Settings:
     jwt_audience: str = "effect-ledger"
     jwt_issuer: str = "effect-ledger"
     jwt_max_ttl_seconds: int = 86400  # a token whose exp - iat exceeds this is refused (401)
-    retention_days: int = 30  # terminal operations and their events are purged after this
+    retention_days: int = 30  # terminal operations' events and receipt bodies are purged after this
+    tombstone_days: int = 400  # a purged operation's tombstone (and so its ID) lives this long
     diagnostics_retention_days: int = 14
     access_log_retention_days: int = 365
     pool_size: int = 10  # runtime connections per worker
@@ -56,7 +57,18 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _coerce(f.name, raw, cls.__dataclass_fields__[f.name].default)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+
+    def __post_init__(self) -> None:
+        if self.tombstone_days < self.retention_days:
+            raise ValueError(
+                f"{PREFIX}TOMBSTONE_DAYS ({self.tombstone_days}) must not be less than {PREFIX}RETENTION_DAYS"
+                f" ({self.retention_days}): a purged operation ID would become claimable, and its effect"
+                " executable, again"
+            )
 
     @property
     def data_path(self) -> Path:

@@ -189,8 +189,8 @@ RETURNING (SELECT count(*) FROM stamped) AS assigned;
 -- name: operation_chain
 -- One operation's row status and attempt beside each of its events in seq order, for verification;
 -- the LEFT JOIN keeps an operation whose events were all removed (one row, NULL seq).
-SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
-       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
 FROM ledger.operations AS o
 LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
 WHERE o.tenant_id = $1 AND o.operation_id = $2
@@ -198,8 +198,8 @@ ORDER BY e.seq;
 
 -- name: tenant_chains
 -- Every operation of the tenant with its events, in (operation_id, seq) order, streamed by verify.
-SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
-       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
 FROM ledger.operations AS o
 LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
 WHERE o.tenant_id = $1
@@ -247,11 +247,24 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: purge_candidates
--- A batch of terminal operations untouched for the retention period, across tenants, locked.
--- Only committed and not_applied qualify: pending, submitted and unknown are never purged.
+-- A batch of terminal operations untouched for the retention period, across tenants, locked, with
+-- the receipt whose digest the tombstone keeps. Only committed and not_applied rows that still hold
+-- their receipt or reason qualify (operations_purgeable): never pending, submitted, unknown, or a
+-- tombstone.
+SELECT tenant_id, operation_id, receipt
+FROM ledger.operations
+WHERE status IN ('committed', 'not_applied') AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL)
+  AND updated_at < clock_timestamp() - make_interval(days => $1)
+ORDER BY updated_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: tombstone_candidates
+-- A batch of tombstones whose last change is older than TOMBSTONE_DAYS, across tenants, locked.
 SELECT tenant_id, operation_id
 FROM ledger.operations
-WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $1)
+WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL
+  AND updated_at < clock_timestamp() - make_interval(days => $1)
 ORDER BY updated_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
@@ -266,8 +279,20 @@ DELETE FROM ledger.events AS e
 USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
 
+-- name: tombstone_operations
+-- Turn the given operations (locked by purge_candidates in this transaction, so still terminal) into
+-- tombstones: binding, status, attempt, times and chain head stay; the receipt body, reason, effect
+-- reference and nonce material go; the receipt's digest and the chain point of the cut are kept.
+-- updated_at is not touched: TOMBSTONE_DAYS counts from the same last change as RETENTION_DAYS.
+UPDATE ledger.operations AS o SET
+    receipt = NULL, not_applied_reason = NULL, effect_ref = NULL, client_nonce_hash = NULL,
+    sealed_token = NULL, receipt_digest = d.receipt_digest, purged_at = clock_timestamp(),
+    purged_seq = o.chain_seq, purged_hash = o.chain_hash
+FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, operation_id, receipt_digest)
+WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+
 -- name: purge_operations
--- Delete the given operations (locked by purge_candidates in this transaction, so still terminal).
+-- Delete the given operations (expired tombstones locked by tombstone_candidates): the ID is gone.
 DELETE FROM ledger.operations AS o
 USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;

@@ -129,7 +129,11 @@ def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     events = [_hashed(r) for r in rows if r["seq"] is not None]
-    return verify_chain(events, rows[0]["op_status"], rows[0]["op_attempt"])
+    head = rows[0]
+    if head["purged_seq"] is None:
+        return verify_chain(events, head["op_status"], head["op_attempt"])
+    base = (head["purged_seq"], head["purged_hash"])
+    return verify_chain(events, head["op_status"], head["op_attempt"], *base)
 
 
 async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> ChainVerdict:

@@ -130,6 +130,8 @@ def same_outcome(op: Operation, report: Report) -> bool:
     """Whether a report repeats what the terminal operation already records."""
     if report.outcome != op.status:
         return False
+    if op.purged:  # the receipt or reason is gone: the outcome is all that can still agree
+        return True
     if op.status == COMMITTED:
         stored = op.receipt or {}
         given = report.receipt or {}
