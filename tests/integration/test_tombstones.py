@@ -15,9 +15,11 @@ import httpx
 import pytest
 from ledger_flows import AUDITOR, CLAIM, REASON, RECEIPT, Seed, call, claim, committed, get, owner, seed
 
-from conftest import auth
+from conftest import Service, auth, token
+from effect_ledger.client import LedgerClient, Receipt
 from effect_ledger.db.maintenance import owner_connection, purge, purge_ledger_batch
 from effect_ledger.domain.canonical import intent_digest
+from effect_ledger.http.auth import ALL_SCOPES
 from effect_ledger.settings import Settings
 
 
@@ -189,3 +191,21 @@ async def test_a_claim_racing_the_purge_never_executes_twice(
         left: Any = await conn.fetchval(
             "SELECT count(*) FROM ledger.operations WHERE operation_id LIKE 'race-c-%' AND status = 'committed'")
         assert left == ROUNDS
+
+
+async def test_the_python_client_reuses_a_purged_receipt_without_running(
+    service: Service, db_url: str, settings: Settings
+) -> None:
+    tool = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
+    async with LedgerClient(service.base_url, token(scope=" ".join(ALL_SCOPES))) as ledger:
+        async with ledger.effect("t-client", **tool) as effect:
+            await effect.submitted(effect_ref="req-1")
+            effect.commit(Receipt(external_ref="m-1"))
+        await backdate(db_url, 31, "t-client")
+        await purge(settings)
+        async with ledger.effect("t-client", **tool) as again:
+            assert again.reused and again.claim is None and again.receipt is None
+            assert again.operation is not None and again.operation.purged
+            assert again.operation.receipt_digest is not None
+        page = await ledger.receipts(after=None)
+        assert page.items == []
