@@ -17,14 +17,14 @@ purged through; `TOMBSTONE_DAYS` after its last change the row itself goes. Keep
 and primary key as ever: there is no moment at which the ID is absent.
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-30
 """
 
 from effect_ledger.db.migrate import execute_script
 
 revision = "0007"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
@@ -159,10 +159,28 @@ CREATE INDEX operations_tombstones ON ledger.operations (updated_at)
     WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL;
 """
 
+# The write path's functions (0005) judge a repeat with ledger.same_outcome; the domain's rules
+# changed in two places (domain/transitions.same_outcome and decide_resolve): a tombstone has no
+# receipt or reason left, so only its outcome can agree; and `unresolved` claims no outcome, so on a
+# terminal operation it changes nothing. Only ledger.resolve ever passes 'unresolved'.
+WRITE_PATH_RULES = r"""
+CREATE OR REPLACE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt jsonb, reason jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT outcome = 'unresolved' OR (outcome = o.status AND CASE
+        WHEN o.receipt IS NULL AND o.not_applied_reason IS NULL THEN true  -- a tombstone
+        WHEN o.status = 'committed' THEN (
+            SELECT bool_and(COALESCE(o.receipt -> k, 'null') = COALESCE(receipt -> k, 'null'))
+            FROM unnest(ARRAY['external_ref', 'result_digest', 'result', 'observed_at']) AS k)
+        ELSE o.not_applied_reason IS NOT DISTINCT FROM reason
+    END)
+$$;
+"""
+
 
 def upgrade() -> None:
-    """Diagnostics report keys, feed positions with their counters, and tombstone columns."""
-    for script in (DIAGNOSTICS, FEED, TOMBSTONES):
+    """Diagnostics report keys, feed positions with their counters, tombstone columns, and the write
+    path's same-outcome rule for tombstones and `unresolved`."""
+    for script in (DIAGNOSTICS, FEED, TOMBSTONES, WRITE_PATH_RULES):
         execute_script(script)
 
 

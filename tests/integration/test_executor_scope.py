@@ -22,12 +22,14 @@ async def _missing(client: httpx.AsyncClient, path: str, body: dict[str, object]
 async def test_another_principals_operation_reads_as_missing(client: httpx.AsyncClient, db_url: str) -> None:
     token = await submitted(client, "own-op")
     before = await count_events(db_url)
+    # exec-2 does not hold the attempt's token (the token, not the principal, authorises a transition)
+    guess = "clt_" + "A" * 43
     calls: list[tuple[str, dict[str, object] | None]] = [
         ("", None),
-        ("/submit", {"token": token, "effect_ref": "x"}),
-        ("/heartbeat", {"token": token}),
-        ("/complete", {"token": token, "outcome": "committed", "receipt": RECEIPT}),
-        ("/complete", {"token": token, "outcome": "unknown", "diagnostics": {"cause": "timeout"}}),
+        ("/submit", {"token": guess, "effect_ref": "x"}),
+        ("/heartbeat", {"token": guess}),
+        ("/complete", {"token": guess, "outcome": "committed", "receipt": RECEIPT}),
+        ("/complete", {"token": guess, "outcome": "unknown", "diagnostics": {"cause": "timeout"}}),
     ]
     for suffix, body in calls:
         theirs = await _missing(client, f"/v1/operations/own-op{suffix}", body, "exec-2")

@@ -25,15 +25,8 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
-from effect_ledger.db.ledger import (
-    UNOBSERVED,
-    LedgerObserver,
-    apply_change,
-    lock_for_change,
-    row_to_operation,
-)
+from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
 from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
-from effect_ledger.domain.transitions import decide_sweep
 from effect_ledger.settings import Settings
 
 log = structlog.get_logger("effect_ledger.maintenance")
@@ -104,16 +97,13 @@ async def sweep_batch(
         keys = await conn.fetch(sql("sweep_candidates"), batch_size)
         await conn.fetchval(sql("maintenance_scope"), "off")
         for tenant, operation_id in keys:
-            # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies).
-            await conn.fetchrow(sql("tenant_context"), tenant)
-            # Locked above already; read in a new statement for the current chain head and clock.
-            row = await lock_for_change(conn, tenant, operation_id)
-            assert row is not None  # this transaction holds its lock: nobody can have deleted it
-            op = row_to_operation(row)
-            change = decide_sweep(op)
-            await apply_change(conn, tenant, op, change)
-            swept += change.state is not None
-            recorded.extend(change.events)
+            # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies):
+            # ledger.sweep binds it, reads the locked row's chain head and clock, and applies the
+            # expiry rule that complete and resolve apply (domain/transitions.decide_sweep).
+            row = await conn.fetchrow(sql("run_sweep"), tenant, operation_id)
+            events = returned_events(row)
+            swept += row["outcome"] == "expired"
+            recorded.extend(events)
     if recorded:  # committed: the metrics count them as sweeps
         observer.observe("sweep", UNKNOWN, recorded)
     return len(keys), swept
