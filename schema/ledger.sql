@@ -7,6 +7,32 @@ CREATE SCHEMA journal;
 
 CREATE SCHEMA ledger;
 
+CREATE FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) RETURNS TABLE(first_incident text, stored boolean, same_fields boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_tenant constant text := current_setting('effect_ledger.tenant', true);
+BEGIN
+    INSERT INTO diagnostics.incidents (
+        tenant_id, incident_id, source, principal, operation_id, attempt, phase, cause, http_status,
+        provider, provider_request_id, retryable_hint, elapsed_ms, detail_code, headers, created_at,
+        report_key, report_fingerprint)
+    VALUES (v_tenant, p_incident_id, 'report', p_principal, p_operation_id, p_attempt, p_phase, p_cause,
+            p_http_status, p_provider, p_provider_request_id, p_retryable_hint, p_elapsed_ms, p_detail_code,
+            p_headers, clock_timestamp(), p_report_key, p_fingerprint)
+    ON CONFLICT ON CONSTRAINT incidents_report_once DO NOTHING;
+    IF FOUND THEN
+        RETURN QUERY SELECT p_incident_id, true, true;
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT i.incident_id, false, i.report_fingerprint = p_fingerprint
+        FROM diagnostics.incidents AS i
+        WHERE i.tenant_id = v_tenant AND i.principal = p_principal AND i.report_key = p_report_key;
+END
+$$;
+
 CREATE TABLE ledger.operations (
     tenant_id text NOT NULL,
     operation_id text NOT NULL,
@@ -31,14 +57,24 @@ CREATE TABLE ledger.operations (
     resolved_by text,
     chain_seq integer DEFAULT 0 NOT NULL,
     chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
+    feed_position bigint,
+    purged_at timestamp with time zone,
+    purged_seq integer,
+    purged_hash text,
+    receipt_digest text,
     CONSTRAINT operations_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT operations_chain_hash_check CHECK ((chain_hash ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT operations_chain_seq_check CHECK ((chain_seq >= 0)),
-    CONSTRAINT operations_check CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL))),
-    CONSTRAINT operations_check1 CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL))),
+    CONSTRAINT operations_committed_receipt CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL) OR (receipt_digest IS NOT NULL))),
+    CONSTRAINT operations_feed_position_check CHECK ((feed_position >= 1)),
     CONSTRAINT operations_intent_digest_check CHECK ((intent_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
     CONSTRAINT operations_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 3600))),
+    CONSTRAINT operations_not_applied_reason CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL) OR (purged_seq IS NOT NULL))),
     CONSTRAINT operations_operation_id_check CHECK ((operation_id ~ '^[A-Za-z0-9._:~-]{1,200}$'::text)),
+    CONSTRAINT operations_purge_point CHECK (((purged_seq IS NULL) = (purged_hash IS NULL))),
+    CONSTRAINT operations_purged_hash_check CHECK ((purged_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_purged_seq_check CHECK ((purged_seq >= 0)),
+    CONSTRAINT operations_receipt_digest_check CHECK ((receipt_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
     CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])))
 );
 
@@ -410,12 +446,13 @@ $$;
 CREATE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt jsonb, reason jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT outcome = o.status AND CASE
+    SELECT outcome = 'unresolved' OR (outcome = o.status AND CASE
+        WHEN o.receipt IS NULL AND o.not_applied_reason IS NULL THEN true  -- a tombstone
         WHEN o.status = 'committed' THEN (
             SELECT bool_and(COALESCE(o.receipt -> k, 'null') = COALESCE(receipt -> k, 'null'))
             FROM unnest(ARRAY['external_ref', 'result_digest', 'result', 'observed_at']) AS k)
         ELSE o.not_applied_reason IS NOT DISTINCT FROM reason
-    END
+    END)
 $$;
 
 CREATE PROCEDURE ledger.settle(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone, IN actor text, IN kind text, IN outcome text, IN receipt text, IN reason text, IN evidence text, IN incident text)
@@ -561,7 +598,11 @@ CREATE TABLE diagnostics.incidents (
     route text,
     method text,
     exception_type text,
+    report_key bytea,
+    report_fingerprint bytea,
     CONSTRAINT incidents_incident_id_check CHECK ((incident_id ~ '^inc_[A-Za-z0-9_-]{16,64}$'::text)),
+    CONSTRAINT incidents_report_fingerprint_check CHECK ((octet_length(report_fingerprint) = 32)),
+    CONSTRAINT incidents_report_key_check CHECK ((octet_length(report_key) = 32)),
     CONSTRAINT incidents_source_check CHECK ((source = ANY (ARRAY['report'::text, 'error'::text, 'outcome'::text])))
 );
 
@@ -622,11 +663,22 @@ CREATE TABLE ledger.events (
 
 ALTER TABLE ONLY ledger.events FORCE ROW LEVEL SECURITY;
 
+CREATE TABLE ledger.feed_counters (
+    tenant_id text NOT NULL,
+    last_position bigint NOT NULL,
+    CONSTRAINT feed_counters_last_position_check CHECK ((last_position >= 0))
+);
+
+ALTER TABLE ONLY ledger.feed_counters FORCE ROW LEVEL SECURITY;
+
 ALTER TABLE ONLY diagnostics.access_log
     ADD CONSTRAINT access_log_pkey PRIMARY KEY (tenant_id, access_id);
 
 ALTER TABLE ONLY diagnostics.incidents
     ADD CONSTRAINT incidents_pkey PRIMARY KEY (tenant_id, incident_id);
+
+ALTER TABLE ONLY diagnostics.incidents
+    ADD CONSTRAINT incidents_report_once UNIQUE (tenant_id, principal, report_key);
 
 ALTER TABLE ONLY journal.records
     ADD CONSTRAINT records_pkey PRIMARY KEY (tenant_id, session_id, seq);
@@ -636,6 +688,9 @@ ALTER TABLE ONLY journal.sessions
 
 ALTER TABLE ONLY ledger.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (tenant_id, operation_id, seq);
+
+ALTER TABLE ONLY ledger.feed_counters
+    ADD CONSTRAINT feed_counters_pkey PRIMARY KEY (tenant_id);
 
 ALTER TABLE ONLY ledger.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant_id, operation_id);
@@ -652,11 +707,15 @@ CREATE INDEX operations_by_created ON ledger.operations USING btree (tenant_id, 
 
 CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id);
 
-CREATE INDEX operations_receipts ON ledger.operations USING btree (tenant_id, resolved_at, operation_id) WHERE (status = 'committed'::text);
+CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (status = 'committed'::text);
+
+CREATE INDEX operations_purgeable ON ledger.operations USING btree (updated_at) WHERE ((status = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND ((receipt IS NOT NULL) OR (not_applied_reason IS NOT NULL)));
 
 CREATE INDEX operations_submitted_lease ON ledger.operations USING btree (lease_expires_at) WHERE (status = 'submitted'::text);
 
-CREATE INDEX operations_terminal_age ON ledger.operations USING btree (updated_at) WHERE (status = ANY (ARRAY['committed'::text, 'not_applied'::text]));
+CREATE INDEX operations_tombstones ON ledger.operations USING btree (updated_at) WHERE ((status = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND (receipt IS NULL) AND (not_applied_reason IS NULL));
+
+CREATE INDEX operations_unpositioned ON ledger.operations USING btree (tenant_id, resolved_at, operation_id) WHERE ((status = 'committed'::text) AND (feed_position IS NULL));
 
 CREATE TRIGGER events_append_only BEFORE DELETE OR UPDATE ON ledger.events FOR EACH ROW EXECUTE FUNCTION ledger.refuse_event_change();
 
@@ -694,13 +753,19 @@ CREATE POLICY tenant_isolation ON journal.sessions USING ((tenant_id = current_s
 
 ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
 
+ALTER TABLE ledger.feed_counters ENABLE ROW LEVEL SECURITY;
+
 CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.feed_counters TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON ledger.operations TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 ALTER TABLE ledger.operations ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY tenant_isolation ON ledger.events USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.feed_counters USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON ledger.operations USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
@@ -710,6 +775,9 @@ GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_diag_reader;
 GRANT USAGE ON SCHEMA journal TO effect_ledger_runtime;
 
 GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
+
+REVOKE ALL ON FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE ledger.operations TO effect_ledger_runtime;
 
@@ -724,3 +792,5 @@ GRANT SELECT,INSERT ON TABLE journal.records TO effect_ledger_runtime;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE journal.sessions TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE ledger.feed_counters TO effect_ledger_runtime;

@@ -99,13 +99,23 @@ class Settings:
     )
     jwt_audience: str = setting("effect-ledger", "required `aud`")
     jwt_issuer: str = setting("effect-ledger", "required `iss`")
+    jwt_max_ttl_seconds: int = setting(
+        86400, "a token whose `exp - iat` exceeds this many seconds is refused (401)", at_least(1)
+    )
     console_session_key: str | None = setting(
         None,
         "seals the console's session cookies (AES-GCM); absent: derived from the HS256 secret, else random "
         "per process (set it when running several workers with RS256/ES256/EdDSA)",
     )
     retention_days: int = setting(
-        30, "terminal operations and their events are purged after this many days", at_least(1)
+        30,
+        "terminal operations' events and receipt bodies are purged after this many days (a tombstone stays)",
+        at_least(1),
+    )
+    tombstone_days: int = setting(
+        400,
+        "a purged operation's tombstone (and so its ID's answer) lives this long; never below retention_days",
+        at_least(1),
     )
     diagnostics_retention_days: int = setting(14, "incidents are purged after this many days", at_least(1))
     access_log_retention_days: int = setting(
@@ -220,7 +230,15 @@ class Settings:
                 problems.append(f"{_label(f)} = {value!r}: must be {rule.must}")
         if problems:
             raise SettingsError(problems)
-        return cls(**values)
+        return cls(**values)  # __post_init__ checks the settings that bound each other
+
+    def __post_init__(self) -> None:
+        if self.tombstone_days < self.retention_days:
+            raise SettingsError([
+                f"{PREFIX}TOMBSTONE_DAYS ({self.tombstone_days}) must not be less than {PREFIX}RETENTION_DAYS"
+                f" ({self.retention_days}): a purged operation ID would become claimable, and its effect"
+                " executable, again"
+            ])
 
     @property
     def data_path(self) -> Path:

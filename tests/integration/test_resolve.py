@@ -119,9 +119,8 @@ async def test_a_different_outcome_is_409_and_recorded_as_discrepancy(
     attempts: list[dict[str, Any]] = [
         {"reason": REASON},  # not_applied
         {"receipt": {**RECEIPT, "external_ref": "m-8"}},  # committed with another receipt
-        {},  # unresolved: the outcome is no longer unknown
     ]
-    for outcome, extra in zip(("not_applied", "committed", "unresolved"), attempts, strict=True):
+    for outcome, extra in zip(("not_applied", "committed"), attempts, strict=True):
         before = len(await events_of(db_url, "op-6"))
         r = await resolve(client, "op-6", outcome, sub="rec-2", **extra)
         assert r.status_code == 409 and r.json()["code"] == "conflicting_outcome"
@@ -239,3 +238,19 @@ async def test_resolve_needs_reconcile_scope_and_hides_other_tenants(client: htt
     assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = await resolve(client, "op-none", "unresolved")
     assert r.status_code == 404
+
+
+async def test_unresolved_on_a_terminal_operation_is_200_and_records_nothing(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    await unknown(client, "op-t1")
+    await resolve(client, "op-t1", "committed", receipt=RECEIPT)
+    await unknown(client, "op-t2")
+    await resolve(client, "op-t2", "not_applied", reason=REASON)
+    for op, status in (("op-t1", "committed"), ("op-t2", "not_applied")):
+        before = await events_of(db_url, op)
+        view = (await client.get(f"/v1/operations/{op}", headers=auth(scope="ledger:reconcile"))).json()
+        r = await resolve(client, op, "unresolved", sub="rec-9")
+        assert r.status_code == 200 and r.json() == view
+        assert r.json()["status"] == status and r.json()["resolved_by"] != "rec-9"
+        assert await events_of(db_url, op) == before

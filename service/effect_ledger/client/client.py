@@ -326,9 +326,13 @@ class LedgerClient:
         principal: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        after: str | None = None,
     ) -> Page[OperationView]:
-        """One page of committed operations with their receipts."""
-        params = _query(since=since, until=until, tool=tool, principal=principal, limit=limit, cursor=cursor)
+        """One page of committed operations with their receipts, in feed position order; `after`: the
+        last `position` seen (a follower asks again with it and misses nothing)."""
+        params = _query(
+            since=since, until=until, tool=tool, principal=principal, limit=limit, cursor=cursor, after=after
+        )
         response = await self.request("GET", "/v1/receipts", params=params)
         return self.decode(response, Page[OperationView])
 

@@ -1,7 +1,7 @@
 """The executor helper: claim, submit before sending, record the outcome on every way out of the block.
 
     async with client.effect("op-7", tool="measure", tool_version="2.1.0", intent=intent) as effect:
-        if effect.receipt is None:               # committed earlier: reuse, do not run the effect
+        if not effect.reused:                    # committed earlier: reuse, do not run the effect
             await effect.submitted(effect_ref=request_id)
             result = await send_the_effect()
             effect.commit(Receipt(external_ref=request_id, result=result))
@@ -75,8 +75,9 @@ class Effect:
 
     @property
     def reused(self) -> bool:
-        """Whether the operation was committed before: the body must use `receipt`, not run the effect."""
-        return self.receipt is not None
+        """Whether the operation was committed before: the body must use `receipt` (None when retention
+        purged it: `operation.receipt_digest` remains), and never run the effect."""
+        return self.claim is None and self.operation is not None
 
     @property
     def is_submitted(self) -> bool:
@@ -89,7 +90,7 @@ class Effect:
         self.operation = result.operation
         if result.action == "reuse_receipt":
             self.receipt = result.operation.receipt
-            if self.receipt is None:
+            if self.receipt is None and not result.operation.purged:
                 raise EffectUsageError("the ledger answered reuse_receipt without a receipt")
             return self
         self.claim = result.claim

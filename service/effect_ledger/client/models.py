@@ -102,6 +102,9 @@ class OperationView(Struct, kw_only=True):
     resolved_at: datetime | None = None
     resolved_by: str | None = None
     incident: str | None = None
+    purged: bool = False  # a tombstone (API.md 9a): the receipt body is gone, its digest remains
+    receipt_digest: str | None = None
+    position: str | None = None  # on receipts-feed items: pass the last one back as `after`
 
 
 class ClaimGrant(Struct, kw_only=True):

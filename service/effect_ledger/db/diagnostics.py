@@ -18,7 +18,13 @@ import structlog
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.pools import tenant_tx
-from effect_ledger.domain.diagnostics import Incident, incident_view, new_access_id
+from effect_ledger.domain.diagnostics import (
+    Incident,
+    ReportKey,
+    incident_view,
+    new_access_id,
+    report_conflict,
+)
 from effect_ledger.domain.errors import DatabaseUnavailable, not_found
 from effect_ledger.settings import Settings
 
@@ -48,6 +54,26 @@ async def store_incident(
     """
     async with tenant_tx(ledger.pool, incident.tenant, ledger.acquire_timeout, phase, shed=shed) as (conn, _):
         await insert_incident(conn, incident)
+
+
+async def store_report(ledger: Ledger, incident: Incident, report: ReportKey) -> str | None:
+    """Store a report that carries a report_id, in one round trip; None when this call stored it,
+    else the first report's incident (409 conflicting_outcome when its fields differ)."""
+    i = incident
+    async with tenant_tx(ledger.pool, i.tenant, ledger.acquire_timeout, "diagnostics_report") as (conn, _):
+        first = await conn.fetchrow(
+            sql("store_report"), i.incident_id, i.principal, report.key, report.fingerprint, i.operation_id,
+            i.attempt, i.phase, i.cause, i.http_status, i.provider, i.provider_request_id, i.retryable_hint,
+            i.elapsed_ms, i.detail_code, i.headers,
+        )
+    if first is None:  # the first report was purged between the function's two statements
+        raise DatabaseUnavailable("diagnostics_report", "ReportVanished")
+    if first["stored"]:
+        return None
+    if not first["same_fields"]:
+        raise report_conflict()
+    reference: str = first["first_incident"]
+    return reference
 
 
 async def read_incident(

@@ -119,6 +119,7 @@ def row_to_operation(row: Mapping[str, Any]) -> Operation:
         last_seq=row["chain_seq"],
         last_hash=row["chain_hash"],
         now=row["db_now"],
+        receipt_digest=row.get("receipt_digest"),
     )
 
 
@@ -288,6 +289,7 @@ async def list_events(ledger: Ledger, tenant: str, operation_id: str) -> list[di
     Four round trips (BEGIN, tenant binding, read, COMMIT)."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "read") as (conn, _):
         rows = await conn.fetch(sql("list_events"), tenant, operation_id)
-    if not rows:
-        raise not_found()
+        # a tombstone's events were purged: an empty history, not a missing operation
+        if not rows and await conn.fetchrow(sql("read_operation"), tenant, operation_id) is None:
+            raise not_found()
     return [event_view(r) for r in rows]

@@ -27,7 +27,7 @@ from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
 from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
-from effect_ledger.domain.model import UNKNOWN, EventDraft
+from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
 from effect_ledger.settings import Settings
 
 log = structlog.get_logger("effect_ledger.maintenance")
@@ -137,7 +137,8 @@ async def sweep(settings: Settings, observer: LedgerObserver = UNOBSERVED) -> Ru
 async def purge_ledger_batch(
     conn: asyncpg.Connection, retention_days: int, batch_size: int
 ) -> tuple[int, int]:
-    """Delete one batch of old terminal operations and their events; (operations, events)."""
+    """Turn one batch of old terminal operations into tombstones and delete their events;
+    (operations, events). The row stays, so the ID keeps answering as its final status says."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
         await conn.fetchval(sql("purge_mode"))  # SET LOCAL effect_ledger.purge: the events trigger's gate
@@ -146,13 +147,31 @@ async def purge_ledger_batch(
             return 0, 0
         tenants = [k["tenant_id"] for k in keys]
         operation_ids = [k["operation_id"] for k in keys]
+        digests = [receipt_digest(k["receipt"]) for k in keys]
         events = await conn.execute(sql("purge_events"), tenants, operation_ids)
-        operations = await conn.execute(sql("purge_operations"), tenants, operation_ids)
+        operations = await conn.execute(sql("tombstone_operations"), tenants, operation_ids, digests)
     return _deleted(operations), _deleted(events)
 
 
+async def expire_tombstones_batch(
+    conn: asyncpg.Connection, tombstone_days: int, batch_size: int
+) -> int:
+    """Delete one batch of tombstones older than tombstone_days (with any event appended to them
+    since); only now does the ID vanish."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        await conn.fetchval(sql("purge_mode"))
+        keys = await conn.fetch(sql("tombstone_candidates"), tombstone_days, batch_size)
+        if not keys:
+            return 0
+        tenants = [k["tenant_id"] for k in keys]
+        operation_ids = [k["operation_id"] for k in keys]
+        await conn.execute(sql("purge_events"), tenants, operation_ids)
+        return _deleted(await conn.execute(sql("purge_operations"), tenants, operation_ids))
+
+
 def _deleted(status: str) -> int:
-    """The row count of a `DELETE n` command status."""
+    """The row count of a `DELETE n` (or `UPDATE n`) command status."""
     return int(status.split()[-1])
 
 
@@ -171,6 +190,12 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
             result.counts["events"] += events
             if operations < settings.purge_batch_size:
                 break
+        result.counts["tombstones_expired"] = 0
+        while True:
+            expired = await expire_tombstones_batch(conn, settings.tombstone_days, settings.purge_batch_size)
+            result.counts["tombstones_expired"] += expired
+            if expired < settings.purge_batch_size:
+                break
         # Diagnostics retention (issue 4): same owner connection, same advisory lock; each batch
         # sets maintenance_scope('on') in its own transaction.
         purged = await purge_diagnostics(conn, settings)
@@ -183,7 +208,8 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
 
 
 async def purge(settings: Settings) -> RunResult:
-    """Delete terminal operations (and their events) untouched for retention_days, never any other; then
+    """Tombstone terminal operations untouched for retention_days (their events and receipt bodies
+    go), and delete tombstones untouched for tombstone_days; never any other operation; then
     expired diagnostics, and journal sessions unchanged for journal_retention_days (with their records)."""
     conn = await owner_connection(settings)
     try:

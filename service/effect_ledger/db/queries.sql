@@ -141,22 +141,54 @@ ORDER BY created_at, operation_id
 LIMIT $7;
 
 -- name: list_receipts
--- Receipts feed: committed operations by resolution time, over the partial index operations_receipts.
+-- Receipts feed: committed operations in feed position order after $2, over operations_feed.
+-- since/until filter by resolution time; a tombstone keeps its position but has no receipt to show.
 SELECT o.*, clock_timestamp() AS db_now
 FROM ledger.operations AS o
-WHERE o.tenant_id = $1 AND o.status = 'committed'
-  AND o.resolved_at >= $2 AND (o.resolved_at > $2 OR o.operation_id > $3)
-  AND o.resolved_at >= $4 AND o.resolved_at < $5
-  AND ($6::text IS NULL OR o.tool = $6)
-  AND ($7::text IS NULL OR o.principal = $7)
-ORDER BY o.resolved_at, o.operation_id
-LIMIT $8;
+WHERE o.tenant_id = $1 AND o.feed_position > $2
+  AND o.status = 'committed' AND o.receipt IS NOT NULL
+  AND o.resolved_at >= $3 AND o.resolved_at < $4
+  AND ($5::text IS NULL OR o.tool = $5)
+  AND ($6::text IS NULL OR o.principal = $6)
+ORDER BY o.feed_position
+LIMIT $7;
+
+-- name: feed_lock
+-- The tenant's feed counter, locked (created at 0 the first time): whoever holds it is the one
+-- sequencer of the tenant. After waiting for another sequencer, DO UPDATE locks and returns the
+-- newest committed value.
+INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, 0)
+ON CONFLICT (tenant_id) DO UPDATE SET last_position = ledger.feed_counters.last_position
+RETURNING last_position;
+
+-- name: feed_assign
+-- Give the next positions after $2 to up to $3 committed operations that have none, in resolution
+-- order, and move the counter; runs after feed_lock in the same transaction. Its snapshot is taken
+-- after the lock was granted, so it sees every position an earlier sequencer committed, and it
+-- positions only rows whose commit it can see: a position is never handed out below one already
+-- visible. Answers how many rows got a position.
+WITH batch AS (
+    SELECT o.operation_id, $2::bigint + row_number() OVER (ORDER BY o.resolved_at, o.operation_id) AS position
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position IS NULL
+    ORDER BY o.resolved_at, o.operation_id
+    LIMIT $3
+), stamped AS (
+    UPDATE ledger.operations AS o SET feed_position = b.position
+    FROM batch AS b
+    WHERE o.tenant_id = $1 AND o.operation_id = b.operation_id AND o.feed_position IS NULL
+    RETURNING b.position
+)
+UPDATE ledger.feed_counters AS c
+SET last_position = GREATEST(c.last_position, (SELECT COALESCE(max(position), 0) FROM stamped))
+WHERE c.tenant_id = $1
+RETURNING (SELECT count(*) FROM stamped) AS assigned;
 
 -- name: operation_chain
 -- One operation's row status and attempt beside each of its events in seq order, for verification;
 -- the LEFT JOIN keeps an operation whose events were all removed (one row, NULL seq).
-SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
-       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
 FROM ledger.operations AS o
 LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
 WHERE o.tenant_id = $1 AND o.operation_id = $2
@@ -164,8 +196,8 @@ ORDER BY e.seq;
 
 -- name: tenant_chains
 -- Every operation of the tenant with its events, in (operation_id, seq) order, streamed by verify.
-SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, e.seq, e.at, e.kind, e.actor,
-       e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
 FROM ledger.operations AS o
 LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
 WHERE o.tenant_id = $1
@@ -204,11 +236,24 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: purge_candidates
--- A batch of terminal operations untouched for the retention period, across tenants, locked.
--- Only committed and not_applied qualify: pending, submitted and unknown are never purged.
+-- A batch of terminal operations untouched for the retention period, across tenants, locked, with
+-- the receipt whose digest the tombstone keeps. Only committed and not_applied rows that still hold
+-- their receipt or reason qualify (operations_purgeable): never pending, submitted, unknown, or a
+-- tombstone.
+SELECT tenant_id, operation_id, receipt
+FROM ledger.operations
+WHERE status IN ('committed', 'not_applied') AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL)
+  AND updated_at < clock_timestamp() - make_interval(days => $1)
+ORDER BY updated_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: tombstone_candidates
+-- A batch of tombstones whose last change is older than TOMBSTONE_DAYS, across tenants, locked.
 SELECT tenant_id, operation_id
 FROM ledger.operations
-WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $1)
+WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL
+  AND updated_at < clock_timestamp() - make_interval(days => $1)
 ORDER BY updated_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
@@ -238,8 +283,20 @@ DELETE FROM ledger.events AS e
 USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
 
+-- name: tombstone_operations
+-- Turn the given operations (locked by purge_candidates in this transaction, so still terminal) into
+-- tombstones: binding, status, attempt, times and chain head stay; the receipt body, reason, effect
+-- reference and nonce material go; the receipt's digest and the chain point of the cut are kept.
+-- updated_at is not touched: TOMBSTONE_DAYS counts from the same last change as RETENTION_DAYS.
+UPDATE ledger.operations AS o SET
+    receipt = NULL, not_applied_reason = NULL, effect_ref = NULL, client_nonce_hash = NULL,
+    sealed_token = NULL, receipt_digest = d.receipt_digest, purged_at = clock_timestamp(),
+    purged_seq = o.chain_seq, purged_hash = o.chain_hash
+FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, operation_id, receipt_digest)
+WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+
 -- name: purge_operations
--- Delete the given operations (locked by purge_candidates in this transaction, so still terminal).
+-- Delete the given operations (expired tombstones locked by tombstone_candidates): the ID is gone.
 DELETE FROM ledger.operations AS o
 USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
@@ -257,6 +314,12 @@ INSERT INTO diagnostics.incidents (
     exception_type, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
         COALESCE($19::timestamptz, clock_timestamp()));
+
+-- name: store_report
+-- Store a report that carries a report_id, once per (principal, report key): SECURITY DEFINER (0007),
+-- answers the first incident's reference, whether this call stored it, and whether the fields match.
+SELECT first_incident, stored, same_fields
+FROM diagnostics.store_report($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
 
 -- name: read_incident
 -- One incident of the tenant (reader role only).

@@ -23,6 +23,7 @@ Key = tuple[datetime, str]
 BEFORE_ALL: Key = (datetime(1, 1, 2, tzinfo=UTC), "")
 END_OF_TIME = datetime(9999, 12, 30, tzinfo=UTC)
 VERIFY_PREFETCH = 1000
+FEED_BATCH = 1000  # positions handed out per sequencing transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,15 @@ class Page(Generic[T]):
 
     items: list[T]
     next_key: Key | None
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPage:
+    """One page of the receipts feed: (operation, position) items and the position to continue after
+    when more follow (None: nothing more right now)."""
+
+    items: list[tuple[Operation, int]]
+    next_after: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,19 +75,32 @@ async def list_operations(
     return _page([row_to_operation(r) for r in rows], limit, lambda op: (op.created_at, op.operation_id))
 
 
+async def sequence_receipts(ledger: Ledger, tenant: str) -> int:
+    """Give feed positions to the tenant's committed operations that have none yet; returns how many.
+
+    Its own short transaction, two round trips, serialised per tenant by the counter row's lock
+    (docs/retention-and-feed.md argues why a follower then never misses a receipt).
+    """
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "feed_sequence") as (conn, _):
+        last = await conn.fetchval(sql("feed_lock"), tenant)
+        assigned: int = await conn.fetchval(sql("feed_assign"), tenant, last, FEED_BATCH)
+    return assigned
+
+
 async def list_receipts(
     ledger: Ledger, tenant: str, *, since: datetime | None, until: datetime | None, tool: str | None,
-    principal: str | None, after: Key | None, limit: int,
-) -> Page[Operation]:
-    """Committed operations by (resolved_at, operation_id); since inclusive, until exclusive."""
-    start = after or BEFORE_ALL
+    principal: str | None, after: int | None, limit: int,
+) -> FeedPage:
+    """Committed operations after position `after`, in position order; since inclusive, until exclusive.
+    Positions are handed out first, so everything committed before this call is on the feed."""
+    await sequence_receipts(ledger, tenant)
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "receipts") as (conn, _):
         rows = await conn.fetch(
-            sql("list_receipts"), tenant, start[0], start[1], since or BEFORE_ALL[0], until or END_OF_TIME,
+            sql("list_receipts"), tenant, after or 0, since or BEFORE_ALL[0], until or END_OF_TIME,
             tool, principal, limit + 1,
         )
-    ops = [row_to_operation(r) for r in rows]
-    return _page(ops, limit, lambda op: (op.resolved_at, op.operation_id))
+    items = [(row_to_operation(r), int(r["feed_position"])) for r in rows[:limit]]
+    return FeedPage(items, items[-1][1] if len(rows) > limit and items else None)
 
 
 def access_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,7 +129,11 @@ def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     events = [_hashed(r) for r in rows if r["seq"] is not None]
-    return verify_chain(events, rows[0]["op_status"], rows[0]["op_attempt"])
+    head = rows[0]
+    if head["purged_seq"] is None:
+        return verify_chain(events, head["op_status"], head["op_attempt"])
+    base = (head["purged_seq"], head["purged_hash"])
+    return verify_chain(events, head["op_status"], head["op_attempt"], *base)
 
 
 async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> ChainVerdict:

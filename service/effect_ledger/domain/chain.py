@@ -18,11 +18,14 @@ def event_hash(prev_hash: str, event: Mapping[str, Any]) -> str:
     return hashlib.sha256(prev_hash.encode("ascii") + b"\n" + canonical_json(content)).hexdigest()
 
 
-def first_bad_seq(events: Iterable[Mapping[str, Any]]) -> tuple[int, int | None]:
-    """Walk a chain in seq order; return (events checked, first seq whose link or hash is wrong)."""
-    prev = GENESIS_HASH
+def first_bad_seq(
+    events: Iterable[Mapping[str, Any]], base_seq: int = 0, base_hash: str = GENESIS_HASH
+) -> tuple[int, int | None]:
+    """Walk a chain in seq order from its base (genesis, or the point a purge cut it at); return
+    (events checked, first seq whose link or hash is wrong)."""
+    prev = base_hash
     checked = 0
-    expected_seq = 1
+    expected_seq = base_seq + 1
     for event in events:
         checked += 1
         if (

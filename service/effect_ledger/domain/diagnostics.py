@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import Mapping
@@ -9,6 +10,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.errors import LedgerError, validation_failed
 from effect_ledger.domain.screening import find_credentials
 from effect_ledger.domain.timefmt import format_ts
@@ -70,6 +72,30 @@ class Incident:
 
 
 INCIDENT_COLUMNS: Final = tuple(f.name for f in fields(Incident))
+
+
+@dataclass(frozen=True, slots=True)
+class ReportKey:
+    """What makes a report idempotent: the SHA-256 of its report_id (the ID itself is never stored)
+    and a fingerprint of its fields, which tells a retried report from a different one."""
+
+    key: bytes
+    fingerprint: bytes
+
+
+def report_key(report_id: str, fields_reported: Mapping[str, Any]) -> ReportKey:
+    """The stored key of a report_id and the fingerprint of the (normalised) fields sent with it."""
+    return ReportKey(
+        hashlib.sha256(report_id.encode()).digest(),
+        hashlib.sha256(canonical_json(dict(fields_reported))).digest(),
+    )
+
+
+def report_conflict() -> LedgerError:
+    """The same report_id from the same principal with different fields."""
+    return LedgerError(
+        "conflicting_outcome", "This report_id was already used for a report with different fields."
+    )
 
 
 def allowed_header(name: str) -> bool:

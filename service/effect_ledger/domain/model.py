@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.domain.errors import Refusal
 from effect_ledger.domain.timefmt import format_ts
 
@@ -67,6 +68,12 @@ class Operation:
     last_seq: int
     last_hash: str
     now: datetime = field(compare=False)
+    receipt_digest: str | None = None  # kept by a purge when it dropped the receipt body
+
+    @property
+    def purged(self) -> bool:
+        """A tombstone (API.md section 9a): terminal, with its receipt body or reason purged."""
+        return self.status in TERMINAL and self.receipt is None and self.not_applied_reason is None
 
     @property
     def lease_live(self) -> bool:
@@ -93,9 +100,21 @@ class Operation:
         return max(1, math.ceil(remaining))
 
 
+def receipt_view(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored receipt as the operation view shows it."""
+    return None if receipt is None else {k: receipt.get(k) for k in RECEIPT_FIELDS}
+
+
+def receipt_digest(receipt: dict[str, Any] | None) -> str | None:
+    """What a tombstone keeps of a receipt: `sha256:` of the JCS form of the receipt as it was shown."""
+    shown = receipt_view(receipt)
+    return None if shown is None else intent_digest(shown)
+
+
 def operation_view(op: Operation) -> dict[str, Any]:
-    """The operation view of docs/api.md section 5."""
-    return {
+    """The operation view of docs/api.md section 5 (section 9a: a tombstone also says `purged` and shows
+    the purged receipt's digest)."""
+    view = {
         "operation_id": op.operation_id,
         "principal": op.binding.principal,
         "tool": op.binding.tool,
@@ -106,7 +125,7 @@ def operation_view(op: Operation) -> dict[str, Any]:
         "lease_expires_at": format_ts(op.lease_expires_at),
         "lease_expired": op.lease_expired,
         "effect_ref": op.effect_ref,
-        "receipt": None if op.receipt is None else {k: op.receipt.get(k) for k in RECEIPT_FIELDS},
+        "receipt": receipt_view(op.receipt),
         "not_applied_reason": op.not_applied_reason,
         "created_at": format_ts(op.created_at),
         "updated_at": format_ts(op.updated_at),
@@ -114,6 +133,10 @@ def operation_view(op: Operation) -> dict[str, Any]:
         "resolved_at": format_ts(op.resolved_at),
         "resolved_by": op.resolved_by,
     }
+    if op.purged:
+        view["purged"] = True
+        view["receipt_digest"] = op.receipt_digest
+    return view
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,12 @@ class Report:
     incident: str | None = None
 
 
+def hidden_from(op: Operation, principal: str, reads_tenant: bool) -> bool:
+    """API.md section 3: an executor sees only operations bound to its own principal; any other
+    answers exactly as a missing one (it cannot hold the token of another principal's attempt)."""
+    return not reads_tenant and op.binding.principal != principal
+
+
 def check_fence(op: Operation, token: str) -> Refusal | None:
     """Every executor transition must present the current attempt's token."""
     if not hmac.compare_digest(op.claim_token_hash, token_hash(token)):
@@ -105,6 +111,8 @@ def same_outcome(op: Operation, report: Report) -> bool:
     """Whether a report repeats what the terminal operation already records."""
     if report.outcome != op.status:
         return False
+    if op.purged:  # the receipt or reason is gone: the outcome is all that can still agree
+        return True
     if op.status == COMMITTED:
         stored = op.receipt or {}
         given = report.receipt or {}
@@ -187,7 +195,8 @@ def decide_resolve(op: Operation, actor: str, report: Report) -> Decision:
     """A reconciler's verdict on an unknown operation, from evidence; `unresolved` only records the try."""
     status = op.effective_status
     if status in TERMINAL:
-        if same_outcome(op, report):
+        # `unresolved` claims no outcome, so it cannot disagree with one: a late look-up changes nothing
+        if report.outcome == "unresolved" or same_outcome(op, report):
             return Decision("unchanged")
         return _discrepancy(op, actor, report, "resolve")
     if status != UNKNOWN:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from effect_ledger.domain.chain import first_bad_seq
+from effect_ledger.domain.chain import GENESIS_HASH, first_bad_seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,18 +22,23 @@ class ChainVerdict:
         return self.first_bad_seq is None
 
 
-def verify_chain(events: Sequence[Mapping[str, Any]], status: str, attempt: int) -> ChainVerdict:
+def verify_chain(
+    events: Sequence[Mapping[str, Any]], status: str, attempt: int, base_seq: int = 0,
+    base_hash: str = GENESIS_HASH,
+) -> ChainVerdict:
     """Recompute every link; then the head must record the row's status and attempt.
 
     Every state change appends an event whose to_status and attempt are the new state's, so a head that
     disagrees with the row means events were removed from the end (the first missing seq is reported),
-    which the hashes alone cannot show. An operation without any event lost its first one.
+    which the hashes alone cannot show. An operation without any event lost its first one, unless a
+    purge cut its chain (base_seq, base_hash): then the events after that point must link onto it.
     """
-    checked, bad = first_bad_seq(events)
+    checked, bad = first_bad_seq(events, base_seq, base_hash)
     if bad is not None:
         return ChainVerdict(checked, bad)
     if not events:
-        return ChainVerdict(0, 1)
+        # a tombstone keeps no events: its chain is the point the purge cut it at
+        return ChainVerdict(0, None if base_seq else 1)
     head = events[-1]
     if head["to_status"] != status or head["attempt"] != attempt:
         return ChainVerdict(checked, int(head["seq"]) + 1)

@@ -12,10 +12,9 @@ from effect_ledger.db import reads
 from effect_ledger.domain.model import operation_view
 from effect_ledger.http.auth import AUDIT, RECONCILE, requires
 from effect_ledger.http.context import audit_ledger_of, caller_of
-from effect_ledger.http.paging import QueryProblems, encode_cursor
+from effect_ledger.http.paging import QueryProblems, encode_cursor, format_position
 from effect_ledger.http.schemas import OperationId, check_operation_id
 
-RECEIPTS_CURSOR = "receipts"
 ACCESS_CURSOR = "access_log"
 
 
@@ -41,20 +40,25 @@ class AuditController(Controller):
         principal: FromQuery[str | None] = None,
         limit: FromQuery[str | None] = None,
         cursor: FromQuery[str | None] = None,
+        after: FromQuery[str | None] = None,
     ) -> Response[Any]:
-        """Committed operations with their receipts, oldest resolution first."""
-        q = QueryProblems(request, ("since", "until", "tool", "principal", "limit", "cursor"))
+        """Committed operations with their receipts in commit (feed position) order; `after` or
+        `cursor`: continue after that position."""
+        q = QueryProblems(request, ("since", "until", "tool", "principal", "limit", "cursor", "after"))
         start, end = q.timestamp("since", since), q.timestamp("until", until)
         tool_name, who = q.text("tool", tool), q.text("principal", principal)
-        after, page_size = q.cursor(cursor, RECEIPTS_CURSOR), q.limit(limit)
+        from_cursor, from_after = q.position("cursor", cursor), q.position("after", after)
+        if cursor and after:
+            q.errors.append(("cursor", "send at most one of cursor and after"))
+        page_size = q.limit(limit)
         q.check()
         page = await reads.list_receipts(
             audit_ledger_of(request), caller_of(request).tenant, since=start, until=end, tool=tool_name,
-            principal=who, after=after, limit=page_size,
+            principal=who, after=from_cursor or from_after, limit=page_size,
         )
         return Response({
-            "items": [operation_view(op) for op in page.items],
-            "next_cursor": encode_cursor(RECEIPTS_CURSOR, page.next_key),
+            "items": [{**operation_view(op), "position": format_position(pos)} for op, pos in page.items],
+            "next_cursor": None if page.next_after is None else format_position(page.next_after),
         })
 
     @get("/audit/verify", guards=[requires(AUDIT)])

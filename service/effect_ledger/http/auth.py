@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import jwt
 from jwt.warnings import InsecureKeyLengthWarning
@@ -31,6 +32,8 @@ ALL_SCOPES = (EXECUTE, RECONCILE, AUDIT, DIAG_WRITE, DIAG_READ, JOURNAL_WRITE, J
 MAX_TOKEN_BYTES = 8192
 VERIFIED_TOKENS = 4096  # verified tokens remembered per process (LRU)
 REQUIRED_CLAIMS = ["sub", "tenant", "exp", "iat", "aud", "iss"]
+# API.md section 3: `tenant` and `sub` become keys and log fields, so they are bounded like IDs.
+IDENTITY = re.compile(r"[A-Za-z0-9._:@~-]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,11 @@ class Caller:
     tenant: str
     principal: str
     scopes: frozenset[str]
+
+    @property
+    def reads_tenant(self) -> bool:
+        """Reconcilers and auditors read every operation of the tenant; executors only their own."""
+        return not self.scopes.isdisjoint((RECONCILE, AUDIT))
 
 
 def _unauthenticated(detail: str) -> LedgerError:
@@ -53,6 +61,7 @@ class TokenVerifier:
         self.algorithm = settings.jwt_algorithm
         self.audience = settings.jwt_audience
         self.issuer = settings.jwt_issuer
+        self.max_ttl = settings.jwt_max_ttl_seconds
         # Tokens that passed every check, with their exp: an executor sends one token with every call,
         # and the signature check was a fifth of the service's CPU per cycle (profiled). Bounded, LRU.
         self._verified: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
@@ -93,10 +102,14 @@ class TokenVerifier:
                 self._verified.move_to_end(token)
                 return caller
             del self._verified[token]
-        caller = self._verify_fully(token)
+        caller, expires = self._verify_fully(token)
+        self._verified[token] = (caller, expires)
+        if len(self._verified) > VERIFIED_TOKENS:
+            self._verified.popitem(last=False)
         return caller
 
-    def _verify_fully(self, token: str) -> Caller:
+    def _verify_fully(self, token: str) -> tuple[Caller, float]:
+        """Signature, algorithm, audience, issuer, times and claim bounds; the caller and its exp."""
         if len(token) > MAX_TOKEN_BYTES:
             raise _unauthenticated("The bearer token is too large.")
         try:
@@ -115,18 +128,24 @@ class TokenVerifier:
             raise _unauthenticated("The bearer token has expired.") from None
         except (jwt.PyJWTError, ValueError, TypeError):
             raise _unauthenticated("The bearer token is not valid for this service.") from None
+        return self._caller(claims), float(claims["exp"])
+
+    def _caller(self, claims: dict[str, Any]) -> Caller:
+        """Bound the claims the service keys on; any violation is the same 401 as a bad signature."""
         tenant, subject, scope = claims.get("tenant"), claims.get("sub"), claims.get("scope", "")
-        if not isinstance(tenant, str) or not tenant or not isinstance(subject, str) or not subject:
-            raise _unauthenticated("The bearer token lacks a tenant or subject.")
+        if not _is_identity(tenant) or not _is_identity(subject):
+            raise _unauthenticated("The bearer token's tenant or subject is missing or malformed.")
         if not isinstance(scope, str):
             raise _unauthenticated("The bearer token's scope is not a string.")
-        caller = Caller(tenant, subject, frozenset(scope.split()))
-        expires = claims.get("exp")
-        if isinstance(expires, int | float):  # required, so always: PyJWT refuses at exp <= now
-            self._verified[token] = (caller, float(expires))
-            if len(self._verified) > VERIFIED_TOKENS:
-                self._verified.popitem(last=False)
-        return caller
+        issued, expires = claims["iat"], claims["exp"]  # both required; PyJWT checked they are numbers
+        # bool is an int in Python, and no time at all here
+        if isinstance(issued, bool) or isinstance(expires, bool) or expires - issued > self.max_ttl:
+            raise _unauthenticated("The bearer token lives longer than this service accepts.")
+        return Caller(tenant, subject, frozenset(scope.split()))
+
+
+def _is_identity(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and IDENTITY.fullmatch(value) is not None
 
 
 def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:

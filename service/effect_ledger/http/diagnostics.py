@@ -13,10 +13,12 @@ from effect_ledger.db.pools import Pools
 from effect_ledger.domain.diagnostics import (
     INCIDENT_ID,
     Incident,
+    ReportKey,
     Source,
     check_purpose,
     new_incident_id,
     normalise_headers,
+    report_key,
     screen,
 )
 from effect_ledger.domain.errors import not_found, validation_failed
@@ -30,17 +32,21 @@ DIAGNOSTICS_PATH = "/v1/diagnostics"
 
 def incident_from_body(
     caller: Caller, body: DiagnosticsBody, source: Source, field: str = ""
-) -> Incident:
-    """An incident from reported fields: header names checked, every value screened for credentials."""
+) -> tuple[Incident, ReportKey | None]:
+    """An incident from reported fields: header names checked, every value screened for credentials;
+    with a report_id, the key that makes a retried report idempotent (the ID is an opaque key:
+    hashed, never stored, so it is not screened)."""
     values = {name: value for name, value in to_builtins(body).items() if value is not None}
+    report_id = values.pop("report_id", None)
     if not values:
         raise validation_failed([(field.rstrip(".") or "body", "report at least one diagnostics field")])
     values["headers"] = normalise_headers(values.get("headers"), f"{field}headers")
     screen(values, field)
-    return Incident(
+    incident = Incident(
         tenant=caller.tenant, incident_id=new_incident_id(), source=source, principal=caller.principal,
         **values,
     )
+    return incident, None if report_id is None else report_key(report_id, values)
 
 
 def outcome_incident(caller: Caller, operation_id: str, body: CompleteBody) -> Incident | None:
@@ -51,7 +57,9 @@ def outcome_incident(caller: Caller, operation_id: str, body: CompleteBody) -> I
         raise validation_failed([("diagnostics", "only an unknown outcome carries diagnostics")])
     if body.diagnostics.operation_id not in (None, operation_id):
         raise validation_failed([("diagnostics.operation_id", "must be the operation being completed")])
-    incident = incident_from_body(caller, body.diagnostics, "outcome", "diagnostics.")
+    if body.diagnostics.report_id is not None:
+        raise validation_failed([("diagnostics.report_id", "only POST /v1/diagnostics takes a report_id")])
+    incident, _ = incident_from_body(caller, body.diagnostics, "outcome", "diagnostics.")
     return replace(incident, operation_id=operation_id)
 
 
@@ -64,9 +72,14 @@ class DiagnosticsController(Controller):
     @post("/", guards=[requires(DIAG_WRITE)], status_code=201, **strict(DiagnosticsBody))
     async def report(self, request: Request[Any, Any, Any], data: JSONBody[DiagnosticsBody]) -> Response[Any]:
         """Store an incident from the allow-listed fields; a credential-shaped value stores nothing."""
-        incident = incident_from_body(caller_of(request), data, "report")
-        await repo.store_incident(ledger_of(request), incident, "diagnostics_report")
-        return Response({"incident": incident.incident_id}, status_code=201)
+        incident, report = incident_from_body(caller_of(request), data, "report")
+        if report is None:
+            await repo.store_incident(ledger_of(request), incident, "diagnostics_report")
+            return Response({"incident": incident.incident_id}, status_code=201)
+        first = await repo.store_report(ledger_of(request), incident, report)
+        if first is None:
+            return Response({"incident": incident.incident_id}, status_code=201)
+        return Response({"incident": first}, status_code=200, headers={"Idempotent-Replayed": "true"})
 
     # `/v1/diagnostics/access-log` (the auditors' list) is a static route in the audit controller;
     # Litestar matches static segments before this parameter, which a test pins down.

@@ -10,9 +10,10 @@ from litestar.params import JSONBody
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.domain.claims import ClaimRequest
+from effect_ledger.domain.errors import not_found
 from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
-from effect_ledger.domain.transitions import Report
+from effect_ledger.domain.transitions import Report, hidden_from
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, Caller, requires
 from effect_ledger.http.context import caller_of, ledger_of, reading_ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
@@ -36,8 +37,15 @@ def view_response(op: Operation, status: int = 200, **extra: Any) -> Response[di
     return Response({**operation_view(op), **extra}, status_code=status)
 
 
-def answer(outcome: repo.Outcome) -> Response[dict[str, Any]]:
-    """A write-path outcome as the API answers it: the view (and incident), or the refusal's problem."""
+def answer(outcome: repo.Outcome, caller: Caller) -> Response[dict[str, Any]]:
+    """A write-path outcome as the API answers it: the view (and incident), or the refusal's problem.
+    An executor-only caller without the current attempt's token learns nothing of another principal's
+    operation: its stale_claim reads as a missing operation (API.md section 3). The token, not the
+    principal, authorises a transition (one round trip leaves no read before it to check the principal)."""
+    op, refusal = outcome.operation, outcome.refusal
+    stale = refusal is not None and refusal.code == "stale_claim"
+    if stale and op is not None and hidden_from(op, caller.principal, caller.reads_tenant):
+        raise not_found()
     if outcome.refusal is not None:
         raise outcome.refusal.error()
     assert outcome.operation is not None
@@ -103,19 +111,20 @@ class ExecutorController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
+        caller = caller_of(request)
         return answer(await repo.submit(
-            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.effect_ref,
-            data.lease_seconds,
-        ))
+            ledger_of(request), caller.tenant, operation_id, data.token, data.effect_ref, data.lease_seconds,
+        ), caller)
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[HeartbeatBody]
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
+        caller = caller_of(request)
         return answer(await repo.heartbeat(
-            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.lease_seconds
-        ))
+            ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
+        ), caller)
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
@@ -133,11 +142,13 @@ class ExecutorController(Controller):
         )
         return answer(await repo.complete(
             ledger_of(request), caller.tenant, operation_id, caller.principal, data.token, report, incident
-        ))
+        ), caller)
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
-        """One operation's view; another tenant's reads as not found."""
+        """One operation's view; another tenant's (or, for an executor, another principal's) is not found."""
         caller = caller_of(request)
         op = await repo.get_operation(reading_ledger_of(request), caller.tenant, operation_id)
+        if hidden_from(op, caller.principal, caller.reads_tenant):
+            raise not_found()
         return view_response(op)

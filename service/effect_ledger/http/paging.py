@@ -17,6 +17,12 @@ from effect_ledger.domain.timefmt import parse_ts
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 MAX_TEXT = 200
+POSITION_DIGITS = 20  # positions are shown zero-padded, so they also sort as strings
+
+
+def format_position(position: int) -> str:
+    """A feed position as the API shows it: opaque, and increasing both as a number and as a string."""
+    return str(position).zfill(POSITION_DIGITS)
 
 
 class QueryProblems:
@@ -75,6 +81,15 @@ class QueryProblems:
         if key is None:
             self.errors.append(("cursor", "is not a cursor of this list"))
         return key
+
+    def position(self, name: str, value: str | None) -> int | None:
+        """A receipts-feed position (as `position` showed it); empty means absent."""
+        if not value:
+            return None
+        if value.isascii() and value.isdigit() and len(value) <= POSITION_DIGITS and int(value) >= 1:
+            return int(value)
+        self.errors.append((name, "is not a position of this feed"))
+        return None
 
     def check(self) -> None:
         """Raise one validation_failed listing every problem found."""

@@ -103,6 +103,7 @@ class DiagnosticsBody(Struct, forbid_unknown_fields=True):
     elapsed_ms: Annotated[int, Meta(ge=0, le=2**53 - 1)] | None = None
     detail_code: Annotated[str, Meta(min_length=1, max_length=100)] | None = None
     headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=32)] | None = None
+    report_id: Annotated[str, Meta(min_length=16, max_length=128)] | None = None
 
 
 class CompleteBody(Struct, forbid_unknown_fields=True):

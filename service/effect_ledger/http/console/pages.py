@@ -18,7 +18,7 @@ from effect_ledger.db import reads
 from effect_ledger.domain.diagnostics import INCIDENT_ID
 from effect_ledger.domain.errors import LedgerError, not_found
 from effect_ledger.domain.model import STATUSES, UNKNOWN, Operation, operation_view
-from effect_ledger.http.audit import ACCESS_CURSOR, RECEIPTS_CURSOR
+from effect_ledger.http.audit import ACCESS_CURSOR
 from effect_ledger.http.auth import AUDIT, DIAG_READ, EXECUTE, JOURNAL_READ, RECONCILE
 from effect_ledger.http.console.access import holds, signed_in
 from effect_ledger.http.console.forms import field_problems
@@ -26,7 +26,7 @@ from effect_ledger.http.console.render import page
 from effect_ledger.http.console.session import ConsoleSession
 from effect_ledger.http.context import ledger_of
 from effect_ledger.http.journal import session_projection
-from effect_ledger.http.paging import QueryProblems, encode_cursor
+from effect_ledger.http.paging import QueryProblems, encode_cursor, format_position
 from effect_ledger.http.reconciler import LIST_CURSOR
 from effect_ledger.http.schemas import OPERATION_ID
 
@@ -95,11 +95,11 @@ async def filtered_list(
     title: str,
     q: QueryProblems,
     filters: dict[str, str],
-    cursor_kind: str,
-    fetch: Callable[[], Awaitable[reads.Page[Operation]]],
+    fetch: Callable[[], Awaitable[ListPage]],
     **extra: Any,
 ) -> Template:
-    """A paged list of operations behind filters: bad filters answer the same page with their problems."""
+    """A paged list of operations behind filters: bad filters answer the same page with their problems.
+    `fetch` gives the page's operation views and the cursor of the next page."""
     try:
         q.check()
     except LedgerError as error:
@@ -115,7 +115,7 @@ async def filtered_list(
             next_cursor=None,
             **extra,
         )
-    result = await fetch()
+    items, next_cursor = await fetch()
     return page(
         request,
         template,
@@ -123,10 +123,26 @@ async def filtered_list(
         title=title,
         filters=filters,
         problems=[],
-        items=[operation_view(op) for op in result.items],
-        next_cursor=encode_cursor(cursor_kind, result.next_key),
+        items=items,
+        next_cursor=next_cursor,
         **extra,
     )
+
+
+ListPage = tuple[list[dict[str, Any]], str | None]
+
+
+async def operations_page(listing: Awaitable[reads.Page[Operation]]) -> ListPage:
+    """A page of the operations list as views, with its keyset cursor."""
+    result = await listing
+    return [operation_view(op) for op in result.items], encode_cursor(LIST_CURSOR, result.next_key)
+
+
+async def receipts_page(listing: Awaitable[reads.FeedPage]) -> ListPage:
+    """A page of the receipts feed as views with their positions; the cursor is the last position."""
+    result = await listing
+    items = [{**operation_view(op), "position": format_position(pos)} for op, pos in result.items]
+    return items, None if result.next_after is None else format_position(result.next_after)
 
 
 class ConsolePages(Controller):
@@ -198,8 +214,7 @@ class ConsolePages(Controller):
             "Operations",
             q,
             filters,
-            LIST_CURSOR,
-            lambda: reads.list_operations(
+            lambda: operations_page(reads.list_operations(
                 ledger_of(request),
                 session.caller.tenant,
                 status=wanted,
@@ -207,7 +222,7 @@ class ConsolePages(Controller):
                 updated_before=before,
                 after=after,
                 limit=int(PAGE_SIZE),
-            ),
+            )),
             statuses=STATUSES,
         )
 
@@ -248,7 +263,7 @@ class ConsolePages(Controller):
         q = QueryProblems(request, ("tool", "principal", "since", "until", "cursor"))
         tool_name, who = q.text("tool", tool), q.text("principal", principal)
         start, end = q.timestamp("since", since), q.timestamp("until", until)
-        after = q.cursor(cursor, RECEIPTS_CURSOR)
+        after = q.position("cursor", cursor)
         return await filtered_list(
             request,
             session,
@@ -256,8 +271,7 @@ class ConsolePages(Controller):
             "Receipts",
             q,
             filters,
-            RECEIPTS_CURSOR,
-            lambda: reads.list_receipts(
+            lambda: receipts_page(reads.list_receipts(
                 ledger_of(request),
                 session.caller.tenant,
                 since=start,
@@ -266,7 +280,7 @@ class ConsolePages(Controller):
                 principal=who,
                 after=after,
                 limit=int(PAGE_SIZE),
-            ),
+            )),
         )
 
     @get("/access-log")
