@@ -51,8 +51,12 @@ def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRe
     binding = Binding(caller.principal, body.tool, body.tool_version, claim_digest(body))
     nonce = body.client_nonce
     return ClaimRequest(
-        operation_id, binding, body.lease_seconds, None if nonce is None else nonce_hash(nonce),
-        submit=body.submit is not None, effect_ref=None if body.submit is None else body.submit.effect_ref,
+        operation_id,
+        binding,
+        body.lease_seconds,
+        None if nonce is None else nonce_hash(nonce),
+        submit=body.submit is not None,
+        effect_ref=None if body.submit is None else body.submit.effect_ref,
     )
 
 
@@ -103,19 +107,27 @@ class ExecutorController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
-        return answer(await repo.submit(
-            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.effect_ref,
-            data.lease_seconds,
-        ))
+        return answer(
+            await repo.submit(
+                ledger_of(request),
+                caller_of(request).tenant,
+                operation_id,
+                data.token,
+                data.effect_ref,
+                data.lease_seconds,
+            )
+        )
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[HeartbeatBody]
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
-        return answer(await repo.heartbeat(
-            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.lease_seconds
-        ))
+        return answer(
+            await repo.heartbeat(
+                ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.lease_seconds
+            )
+        )
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
@@ -131,9 +143,17 @@ class ExecutorController(Controller):
             reason_content(data.reason, data.outcome),
             incident=None if incident is None else incident.incident_id,
         )
-        return answer(await repo.complete(
-            ledger_of(request), caller.tenant, operation_id, caller.principal, data.token, report, incident
-        ))
+        return answer(
+            await repo.complete(
+                ledger_of(request),
+                caller.tenant,
+                operation_id,
+                caller.principal,
+                data.token,
+                report,
+                incident,
+            )
+        )
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
