@@ -64,11 +64,7 @@ def for_people(log_format: str = "auto") -> bool:
 def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     """Configure structlog and the stdlib root logger; safe to call again (the last call wins)."""
     numeric = level_number(level)
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=True)
-        if for_people(log_format)
-        else _RENDER
-    )
+    renderer: Any = structlog.dev.ConsoleRenderer(colors=True) if for_people(log_format) else _RENDER
     structlog.configure(
         processors=[*_PRE_CHAIN, redact_secrets, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

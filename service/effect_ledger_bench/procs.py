@@ -76,8 +76,11 @@ def worker_rss_mb(pid: int) -> list[float]:
     try:
         root = psutil.Process(pid)
         own = _cmdline(root)
-        workers = [c for c in root.children()
-                   if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)]
+        workers = [
+            c
+            for c in root.children()
+            if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)
+        ]
         return [float(p.memory_info().rss) / 2**20 for p in (workers or [root])]
     except psutil.NoSuchProcess:
         return []

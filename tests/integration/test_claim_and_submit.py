@@ -29,7 +29,8 @@ async def test_new_id_is_granted_submitted(client: httpx.AsyncClient, db_url: st
     assert op["submitted_at"] == op["created_at"] == op["updated_at"]
     assert op["lease_expires_at"] == body["claim"]["lease_expires_at"]
     assert kinds(await events_of(db_url, "op-1")) == [
-        ("claimed", None, "pending", 1), ("submitted", "pending", "submitted", 1)
+        ("claimed", None, "pending", 1),
+        ("submitted", "pending", "submitted", 1),
     ]
     token = body["claim"]["token"]
     again = await post(client, "op-1", "submit", {"token": token, "effect_ref": "remote-1"})
@@ -76,7 +77,9 @@ async def test_a_lost_answer_is_replayed_as_it_was(client: httpx.AsyncClient, db
     assert kinds(await events_of(db_url, "op-m")) == [("claimed", None, "pending", 1)]
 
 
-async def test_unknown_outcomes_are_refused_and_submit_nothing(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_unknown_outcomes_are_refused_and_submit_nothing(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     assert (await claim(client, "op-u", SUBMIT)).status_code == 201
     await expire_lease(db_url, "op-u")
     r = await claim(client, "op-u", SUBMIT)
@@ -95,7 +98,8 @@ async def test_expired_pending_is_reclaimed_submitted(client: httpx.AsyncClient,
     assert r.status_code == 201 and r.json()["claim"]["attempt"] == 2
     assert (r.json()["operation"]["status"], r.json()["operation"]["effect_ref"]) == ("submitted", "remote-1")
     assert kinds(await events_of(db_url, "op-r"))[1:] == [
-        ("reclaimed", "pending", "pending", 2), ("submitted", "pending", "submitted", 2)
+        ("reclaimed", "pending", "pending", 2),
+        ("submitted", "pending", "submitted", 2),
     ]
     stale = await post(client, "op-r", "submit", {"token": old})
     assert stale.status_code == 409 and stale.json()["code"] == "stale_claim"
@@ -110,7 +114,8 @@ async def test_not_applied_starts_a_new_attempt_submitted(client: httpx.AsyncCli
     view = r.json()["operation"]
     assert (view["status"], view["not_applied_reason"], view["effect_ref"]) == ("submitted", None, "remote-1")
     assert kinds(await events_of(db_url, "op-na"))[-2:] == [
-        ("reclaimed", "not_applied", "pending", 2), ("submitted", "pending", "submitted", 2)
+        ("reclaimed", "not_applied", "pending", 2),
+        ("submitted", "pending", "submitted", 2),
     ]
 
 
@@ -118,8 +123,9 @@ async def test_committed_hands_back_the_receipt_and_submits_nothing(
     client: httpx.AsyncClient, db_url: str
 ) -> None:
     tok = (await claim(client, "op-c", SUBMIT)).json()["claim"]["token"]
-    done = await post(client, "op-c", "complete",
-                      {"token": tok, "outcome": "committed", "receipt": {"external_ref": "m-7"}})
+    done = await post(
+        client, "op-c", "complete", {"token": tok, "outcome": "committed", "receipt": {"external_ref": "m-7"}}
+    )
     assert done.status_code == 200
     before = await event_count(db_url)
     r = await claim(client, "op-c", SUBMIT)
@@ -129,8 +135,12 @@ async def test_committed_hands_back_the_receipt_and_submits_nothing(
 
 
 async def test_submit_member_is_decoded_strictly(client: httpx.AsyncClient) -> None:
-    for bad, field in (({"effect_ref": 7}, "submit.effect_ref"), ({"ref": "x"}, "submit.ref"),
-                       ("yes", "submit"), ({"effect_ref": "x" * 257}, "submit.effect_ref")):
+    for bad, field in (
+        ({"effect_ref": 7}, "submit.effect_ref"),
+        ({"ref": "x"}, "submit.ref"),
+        ("yes", "submit"),
+        ({"effect_ref": "x" * 257}, "submit.effect_ref"),
+    ):
         r = await claim(client, "op-bad", {**CLAIM, "submit": bad})
         assert r.status_code == 422 and r.json()["code"] == "validation_failed", r.text
         assert r.json()["errors"][0]["field"] == field
@@ -143,5 +153,6 @@ async def test_fifty_concurrent_claims_with_submit_give_exactly_one_201(service:
     codes = sorted(a.status_code for a in answers)
     assert codes.count(201) == 1 and codes.count(409) == 49, codes
     assert kinds(await events_of(db_url, "race")) == [
-        ("claimed", None, "pending", 1), ("submitted", "pending", "submitted", 1)
+        ("claimed", None, "pending", 1),
+        ("submitted", "pending", "submitted", 1),
     ]

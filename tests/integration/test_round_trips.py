@@ -98,9 +98,14 @@ async def cycle(ledger: repo.Ledger, op_id: str) -> dict[str, Callable[[], Await
         assert result.verdict == "created" and result.operation.status == "submitted"
 
     return {
-        "claim": claim, "submit": submit, "heartbeat": heartbeat, "complete (unknown, with diagnostics)":
-        complete_unknown, "resolve": resolve, "complete (repeat)": complete_repeat,
-        "claim (reuse_receipt)": claim_reuse, "claim with submit": claim_and_submit,
+        "claim": claim,
+        "submit": submit,
+        "heartbeat": heartbeat,
+        "complete (unknown, with diagnostics)": complete_unknown,
+        "resolve": resolve,
+        "complete (repeat)": complete_repeat,
+        "claim (reuse_receipt)": claim_reuse,
+        "claim with submit": claim_and_submit,
     }
 
 
@@ -111,8 +116,14 @@ async def test_every_write_path_call_is_one_round_trip(counted: Counted) -> None
     measured = await cycle(counted.ledger, "op")
     counts = {name: await counted.count(call) for name, call in measured.items()}
     assert counts == {
-        "claim": 1, "submit": 1, "heartbeat": 1, "complete (unknown, with diagnostics)": 1, "resolve": 1,
-        "complete (repeat)": 1, "claim (reuse_receipt)": 1, "claim with submit": 1,
+        "claim": 1,
+        "submit": 1,
+        "heartbeat": 1,
+        "complete (unknown, with diagnostics)": 1,
+        "resolve": 1,
+        "complete (repeat)": 1,
+        "claim (reuse_receipt)": 1,
+        "claim with submit": 1,
     }
     assert all(query.lstrip().startswith("SELECT") for query in counted.log)  # no BEGIN, no COMMIT
 

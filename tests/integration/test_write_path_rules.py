@@ -42,7 +42,12 @@ OTHER = Binding("exec-1", "measure", "2.1.0", "sha256:" + "b" * 64)
 TOKEN = encode_token(b"\x01" * 32)
 STALE = encode_token(b"\x02" * 32)
 NONCE = "nonce-0123456789abcdef"
-RECEIPT = {"external_ref": "x-1", "result_digest": None, "result": {"v": 1.5, "s": "é\n\""}, "observed_at": None}
+RECEIPT = {
+    "external_ref": "x-1",
+    "result_digest": None,
+    "result": {"v": 1.5, "s": 'é\n"'},
+    "observed_at": None,
+}
 OTHER_RECEIPT = {**RECEIPT, "external_ref": "x-2"}
 REASON = {"category": "rejected", "detail_code": "quota"}
 OTHER_REASON = {"category": "other", "detail_code": None}
@@ -78,13 +83,31 @@ def _jcs(value: Any) -> str | None:
 
 def claim_command(name: str, binding: Binding, nonce: str | None, submit: bool) -> Command:
     def args(op_id: str) -> tuple[Any, ...]:
-        return (TENANT, op_id, binding.principal, binding.tool, binding.tool_version, binding.intent_digest,
-                30, None if nonce is None else nonce_hash(nonce), NEW_MATERIAL.token_hash,
-                NEW_MATERIAL.sealed_token, submit, "ref-c" if submit else None)
+        return (
+            TENANT,
+            op_id,
+            binding.principal,
+            binding.tool,
+            binding.tool_version,
+            binding.intent_digest,
+            30,
+            None if nonce is None else nonce_hash(nonce),
+            NEW_MATERIAL.token_hash,
+            NEW_MATERIAL.sealed_token,
+            submit,
+            "ref-c" if submit else None,
+        )
 
     def decide(op: Operation) -> Decision:
-        req = ClaimRequest(op.operation_id, binding, 30, None if nonce is None else nonce_hash(nonce),
-                           NEW_MATERIAL, submit, "ref-c" if submit else None)
+        req = ClaimRequest(
+            op.operation_id,
+            binding,
+            30,
+            None if nonce is None else nonce_hash(nonce),
+            NEW_MATERIAL,
+            submit,
+            "ref-c" if submit else None,
+        )
         return decide_claim(op, req)
 
     return Command(name, "run_claim", args, decide)
@@ -92,32 +115,53 @@ def claim_command(name: str, binding: Binding, nonce: str | None, submit: bool) 
 
 def submit_command(name: str, token: str, effect_ref: str | None, lease: int | None) -> Command:
     return Command(
-        name, "run_submit", lambda op_id: (TENANT, op_id, token_hash(token), effect_ref, lease),
+        name,
+        "run_submit",
+        lambda op_id: (TENANT, op_id, token_hash(token), effect_ref, lease),
         lambda op: decide_submit(op, token, effect_ref, lease),
     )
 
 
 def heartbeat_command(name: str, token: str, lease: int | None) -> Command:
     return Command(
-        name, "run_heartbeat", lambda op_id: (TENANT, op_id, token_hash(token), lease),
+        name,
+        "run_heartbeat",
+        lambda op_id: (TENANT, op_id, token_hash(token), lease),
         lambda op: decide_heartbeat(op, token, lease),
     )
 
 
 def complete_command(name: str, token: str, report: Report) -> Command:
     return Command(
-        name, "run_complete",
-        lambda op_id: (TENANT, op_id, "exec-1", token_hash(token), report.outcome, _jcs(report.receipt),
-                       _jcs(report.reason), None),
+        name,
+        "run_complete",
+        lambda op_id: (
+            TENANT,
+            op_id,
+            "exec-1",
+            token_hash(token),
+            report.outcome,
+            _jcs(report.receipt),
+            _jcs(report.reason),
+            None,
+        ),
         lambda op: decide_complete(op, "exec-1", token, report),
     )
 
 
 def resolve_command(name: str, report: Report) -> Command:
     return Command(
-        name, "run_resolve",
-        lambda op_id: (TENANT, op_id, "rec-1", report.outcome, _jcs(report.receipt), _jcs(report.reason),
-                       _jcs(report.evidence)),
+        name,
+        "run_resolve",
+        lambda op_id: (
+            TENANT,
+            op_id,
+            "rec-1",
+            report.outcome,
+            _jcs(report.receipt),
+            _jcs(report.reason),
+            _jcs(report.evidence),
+        ),
         lambda op: decide_resolve(op, "rec-1", report),
     )
 
@@ -161,8 +205,12 @@ STATE_FIELDS = [f.name for f in fields(Operation) if f.name not in ("now", "last
 async def owner(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(db_url)
     for name in ("jsonb", "json"):
-        await conn.set_type_codec(name, encoder=lambda v: msgspec.json.encode(v).decode(),
-                                  decoder=msgspec.json.decode, schema="pg_catalog")
+        await conn.set_type_codec(
+            name,
+            encoder=lambda v: msgspec.json.encode(v).decode(),
+            decoder=msgspec.json.decode,
+            schema="pg_catalog",
+        )
     yield conn
     await conn.close()
 
@@ -180,9 +228,21 @@ async def put_state(owner: asyncpg.Connection, op_id: str, state: str) -> None:
                date_trunc('milliseconds', clock_timestamp()) - interval '1 hour',
                CASE WHEN $12::text IS NULL THEN NULL ELSE date_trunc('milliseconds', clock_timestamp()) END,
                0, $15""",
-        TENANT, op_id, BINDING.principal, BINDING.tool, BINDING.tool_version, BINDING.intent_digest, status,
-        token_hash(TOKEN), nonce_hash(NONCE), seal(b"\x01" * 32, NONCE, TENANT, op_id, b"\x07" * 16),
-        lease, effect_ref, receipt, reason, GENESIS_HASH,
+        TENANT,
+        op_id,
+        BINDING.principal,
+        BINDING.tool,
+        BINDING.tool_version,
+        BINDING.intent_digest,
+        status,
+        token_hash(TOKEN),
+        nonce_hash(NONCE),
+        seal(b"\x01" * 32, NONCE, TENANT, op_id, b"\x07" * 16),
+        lease,
+        effect_ref,
+        receipt,
+        reason,
+        GENESIS_HASH,
     )
 
 
@@ -210,8 +270,12 @@ def compare(case: str, before: Operation, row: asyncpg.Record, decision: Decisio
                 problems.append(
                     f"{case}: {name} database={getattr(after, name)!r} domain={getattr(expected, name)!r}"
                 )
-    database_events = [(e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data) for e in returned_events(row)]
-    domain_events = [(e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data) for e in decision.change.events]
+    database_events = [
+        (e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data) for e in returned_events(row)
+    ]
+    domain_events = [
+        (e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data) for e in decision.change.events
+    ]
     if database_events != domain_events:
         problems.append(f"{case}: events database={database_events} domain={domain_events}")
     return problems
@@ -222,8 +286,12 @@ async def test_every_state_and_command_executes_as_the_domain_decides(
 ) -> None:
     runtime = await runtime_connection(db_url)
     for name in ("jsonb", "json"):
-        await runtime.set_type_codec(name, encoder=lambda v: msgspec.json.encode(v).decode(),
-                                     decoder=msgspec.json.decode, schema="pg_catalog")
+        await runtime.set_type_codec(
+            name,
+            encoder=lambda v: msgspec.json.encode(v).decode(),
+            decoder=msgspec.json.decode,
+            schema="pg_catalog",
+        )
     problems: list[str] = []
     outcomes: dict[str, set[str]] = {}
     counter = itertools.count()
@@ -248,9 +316,21 @@ async def test_every_state_and_command_executes_as_the_domain_decides(
     assert problems == [], "\n".join(problems)
     # the table reaches every outcome of every function
     assert set(outcomes) == {
-        "replay", "new_attempt", "reuse_receipt", "intent_conflict", "operation_in_progress",
-        "outcome_unknown", "submitted", "unchanged", "stale_claim", "invalid_transition", "extended",
-        "completed", "conflicting_outcome", "resolved", "expired",
+        "replay",
+        "new_attempt",
+        "reuse_receipt",
+        "intent_conflict",
+        "operation_in_progress",
+        "outcome_unknown",
+        "submitted",
+        "unchanged",
+        "stale_claim",
+        "invalid_transition",
+        "extended",
+        "completed",
+        "conflicting_outcome",
+        "resolved",
+        "expired",
     }
 
 
@@ -259,8 +339,12 @@ async def test_a_new_id_is_created_as_the_domain_decides(owner: asyncpg.Connecti
 
     runtime = await runtime_connection(db_url)
     for name in ("jsonb", "json"):
-        await runtime.set_type_codec(name, encoder=lambda v: msgspec.json.encode(v).decode(),
-                                     decoder=msgspec.json.decode, schema="pg_catalog")
+        await runtime.set_type_codec(
+            name,
+            encoder=lambda v: msgspec.json.encode(v).decode(),
+            decoder=msgspec.json.decode,
+            schema="pg_catalog",
+        )
     try:
         for n, command in enumerate(c for c in COMMANDS if c.query == "run_claim"):
             op_id = f"new-{n}"
@@ -288,14 +372,23 @@ async def test_chain_hashed_in_sql_verifies_in_python_and_over_the_api(client: A
     the functions write verifies with the Python verifier and with GET /v1/audit/verify."""
     from conftest import auth
 
-    body = {"tool": "measure", "tool_version": "2.1.0", "intent": {"k": NASTY}, "submit": {"effect_ref": NASTY}}
+    body = {
+        "tool": "measure",
+        "tool_version": "2.1.0",
+        "intent": {"k": NASTY},
+        "submit": {"effect_ref": NASTY},
+    }
     claimed = await client.post("/v1/operations/op-nasty/claim", json=body, headers=auth())
     assert claimed.status_code == 201, claimed.text
     assert claimed.json()["operation"]["effect_ref"] == NASTY
     token = claimed.json()["claim"]["token"]
-    receipt = {"external_ref": NASTY, "result": {"z": [1e21, 0.1, -0.0, 2**60, 5e-7], "\u20ac": NASTY, "a": None}}
+    receipt = {
+        "external_ref": NASTY,
+        "result": {"z": [1e21, 0.1, -0.0, 2**60, 5e-7], "\u20ac": NASTY, "a": None},
+    }
     done = await client.post(
-        "/v1/operations/op-nasty/complete", json={"token": token, "outcome": "committed", "receipt": receipt},
+        "/v1/operations/op-nasty/complete",
+        json={"token": token, "outcome": "committed", "receipt": receipt},
         headers=auth(),
     )
     assert done.status_code == 200, done.text

@@ -123,7 +123,9 @@ def test_submit_heartbeat_and_fencing() -> None:
         == "invalid_transition"
     )
     assert code_of(decide_heartbeat, op("submitted", -1), TOKEN, 30) == "outcome_unknown"
-    beat = decide_heartbeat(op("pending", -1), TOKEN, 60).change  # not yet reclaimed: the token is still current
+    beat = decide_heartbeat(
+        op("pending", -1), TOKEN, 60
+    ).change  # not yet reclaimed: the token is still current
     assert beat.state is not None and beat.state.lease_expires_at == NOW + timedelta(seconds=60)
     assert beat.events == ()
 

@@ -33,7 +33,9 @@ def test_a_remembered_token_still_expires(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_refused_tokens_are_not_remembered_and_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     v = verifier()
-    forged = auth.mint_token("another-secret-0123456789abcdefghijklmnopqrstuvwxyz-0123", "t1", "x", "", Settings())
+    forged = auth.mint_token(
+        "another-secret-0123456789abcdefghijklmnopqrstuvwxyz-0123", "t1", "x", "", Settings()
+    )
     for _ in range(2):
         with pytest.raises(LedgerError):
             v.verify(forged)

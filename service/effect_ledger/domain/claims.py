@@ -66,11 +66,13 @@ def decide_claim(op: Operation, req: ClaimRequest) -> Decision:
     """What a claim of an existing operation gets: reuse_receipt, replay, new_attempt or a refusal."""
     mismatched = op.binding.mismatched(req.binding)
     if mismatched:  # checked before everything else, so a foreign intent learns nothing about state
-        return refused(Refusal(
-            "intent_conflict",
-            "The operation ID is bound to a different principal, tool, version or intent.",
-            {"mismatched": mismatched},
-        ))
+        return refused(
+            Refusal(
+                "intent_conflict",
+                "The operation ID is bound to a different principal, tool, version or intent.",
+                {"mismatched": mismatched},
+            )
+        )
     if op.status == COMMITTED:
         return Decision("reuse_receipt")
     if op.status in (PENDING, SUBMITTED) and op.lease_live:
@@ -80,17 +82,23 @@ def decide_claim(op: Operation, req: ClaimRequest) -> Decision:
             and hmac.compare_digest(op.client_nonce_hash, req.nonce_hash)
         ):
             return Decision("replay")
-        return refused(operation_refusal(
-            "operation_in_progress",
-            "A live lease holds this operation; retry after it expires.",
-            op,
-            op.retry_after_seconds(),
-        ))
+        return refused(
+            operation_refusal(
+                "operation_in_progress",
+                "A live lease holds this operation; retry after it expires.",
+                op,
+                op.retry_after_seconds(),
+            )
+        )
     if op.status != PENDING and op.status != NOT_APPLIED:
         # submitted with an expired lease, or unknown: the effect may have happened
-        return refused(operation_refusal(
-            "outcome_unknown", "The outcome of this operation is unknown: reconcile it, do not repeat it.", op
-        ))
+        return refused(
+            operation_refusal(
+                "outcome_unknown",
+                "The outcome of this operation is unknown: reconcile it, do not repeat it.",
+                op,
+            )
+        )
     return Decision("new_attempt", next_attempt(op, req, req.material))
 
 

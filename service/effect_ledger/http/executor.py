@@ -59,8 +59,12 @@ def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRe
     binding = Binding(caller.principal, body.tool, body.tool_version, claim_digest(body))
     nonce = body.client_nonce
     return ClaimRequest(
-        operation_id, binding, body.lease_seconds, None if nonce is None else nonce_hash(nonce),
-        submit=body.submit is not None, effect_ref=None if body.submit is None else body.submit.effect_ref,
+        operation_id,
+        binding,
+        body.lease_seconds,
+        None if nonce is None else nonce_hash(nonce),
+        submit=body.submit is not None,
+        effect_ref=None if body.submit is None else body.submit.effect_ref,
     )
 
 

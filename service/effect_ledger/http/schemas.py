@@ -224,7 +224,9 @@ def _describe(message: str, field: str) -> tuple[str, str]:
 OperationId = Annotated[
     str,
     Parameter(
-        description="1-200 characters of [A-Za-z0-9._:~-]", pattern=OPERATION_ID.pattern, min_length=1,
+        description="1-200 characters of [A-Za-z0-9._:~-]",
+        pattern=OPERATION_ID.pattern,
+        min_length=1,
         max_length=200,
     ),
 ]
