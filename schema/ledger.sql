@@ -5,6 +5,45 @@ CREATE SCHEMA diagnostics;
 
 CREATE SCHEMA ledger;
 
+CREATE FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE ledger.operations SET
+        status = p_status, attempt = p_attempt, claim_token_hash = p_claim_token_hash,
+        client_nonce_hash = p_client_nonce_hash, sealed_token = p_sealed_token,
+        lease_seconds = p_lease_seconds, lease_expires_at = p_lease_expires_at, effect_ref = p_effect_ref,
+        receipt = p_receipt, not_applied_reason = p_not_applied_reason, updated_at = p_updated_at,
+        submitted_at = p_submitted_at, resolved_at = p_resolved_at, resolved_by = p_resolved_by,
+        chain_seq = p_chain_seq, chain_hash = p_chain_hash
+    WHERE tenant_id = p_tenant AND operation_id = p_operation;
+    FOR i IN 1 .. coalesce(array_length(e_seq, 1), 0) LOOP
+        INSERT INTO ledger.events (
+            tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
+            prev_hash, hash)
+        VALUES (p_tenant, p_operation, e_seq[i], e_at[i], e_kind[i], e_actor[i], e_from_status[i],
+                e_to_status[i], e_attempt[i], e_data[i], e_prev_hash[i], e_hash[i]);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION ledger.bind_setting(name text, value text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF name NOT IN ('effect_ledger.tenant', 'effect_ledger.maintenance', 'effect_ledger.purge') THEN
+        RAISE EXCEPTION 'ledger.bind_setting sets the effect_ledger settings only, not %', name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- NULL on plain PostgreSQL; on Citus, forward SET LOCAL even if the session was not told to
+    IF current_setting('citus.propagate_set_commands', true) = 'none' THEN
+        PERFORM set_config('citus.propagate_set_commands', 'local', true);
+    END IF;
+    EXECUTE format('SET LOCAL %s = %L', name, value);
+    RETURN clock_timestamp();
+END
+$$;
+
 CREATE FUNCTION ledger.refuse_event_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -174,6 +213,13 @@ GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_runtime;
 GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_diag_reader;
 
 GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
+
+REVOKE ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) FROM PUBLIC;
+GRANT ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) TO effect_ledger_runtime;
+
+REVOKE ALL ON FUNCTION ledger.bind_setting(name text, value text) FROM PUBLIC;
+GRANT ALL ON FUNCTION ledger.bind_setting(name text, value text) TO effect_ledger_runtime;
+GRANT ALL ON FUNCTION ledger.bind_setting(name text, value text) TO effect_ledger_diag_reader;
 
 GRANT SELECT ON TABLE diagnostics.access_log TO effect_ledger_runtime;
 GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;

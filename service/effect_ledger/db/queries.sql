@@ -3,8 +3,9 @@
 -- Every statement names tenant_id explicitly even though row-level security also enforces it.
 
 -- name: tenant_context
--- Bind the transaction to the caller's tenant (RLS reads it) and read the database clock.
-SELECT set_config('effect_ledger.tenant', $1::text, true) AS tenant, clock_timestamp() AS db_now;
+-- Bind the transaction to the caller's tenant (RLS reads it; SET LOCAL, so Citus workers see it too)
+-- and read the database clock.
+SELECT $1::text AS tenant, ledger.bind_setting('effect_ledger.tenant', $1::text) AS db_now;
 
 -- name: insert_first_attempt
 -- A first claim: insert the operation and its `claimed` event; no row back means someone else has it.
@@ -31,24 +32,10 @@ FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
 -- name: apply_change
--- Write an operation's new state and chain head and append its events, in one round trip.
--- Data-modifying CTEs always run to completion, so the UPDATE happens even if no event is appended;
--- every append moves the head on the row, so the row lock orders appends.
-WITH updated AS (
-    UPDATE ledger.operations SET
-        status = $3, attempt = $4, claim_token_hash = $5, client_nonce_hash = $6, sealed_token = $7,
-        lease_seconds = $8, lease_expires_at = $9, effect_ref = $10, receipt = $11,
-        not_applied_reason = $12, updated_at = $13, submitted_at = $14, resolved_at = $15,
-        resolved_by = $16, chain_seq = $27, chain_hash = $28
-    WHERE tenant_id = $1 AND operation_id = $2
-    RETURNING operation_id
-)
-INSERT INTO ledger.events (
-    tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
-SELECT $1, $2, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
-FROM unnest($17::integer[], $18::timestamptz[], $19::text[], $20::text[], $21::text[], $22::text[],
-            $23::integer[], $24::jsonb[], $25::text[], $26::text[])
-     AS e(seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash);
+-- Write an operation's new state and chain head and append its events, in one round trip (function
+-- ledger.apply_change, migration 0008: each of its statements stays on one Citus shard).
+SELECT ledger.apply_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                           $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28);
 
 -- name: list_events
 -- An operation's events in chain order.
@@ -202,7 +189,7 @@ SELECT pg_advisory_unlock($1::integer, $2::integer);
 
 -- name: maintenance_scope
 -- Let this owner transaction see every tenant (policy `maintenance`, migration 0002), or stop it.
-SELECT set_config('effect_ledger.maintenance', $1::text, true);
+SELECT ledger.bind_setting('effect_ledger.maintenance', $1::text);
 
 -- name: sweep_candidates
 -- A batch of submitted operations whose lease has expired, across tenants, locked; rows that a
@@ -226,7 +213,7 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: purge_mode
 -- The events trigger allows DELETE only in a transaction that sets this (the purge path).
-SELECT set_config('effect_ledger.purge', 'on', true);
+SELECT ledger.bind_setting('effect_ledger.purge', 'on');
 
 -- name: purge_events
 -- Delete the events of the given operations (before the operations: the foreign key).
