@@ -5,6 +5,8 @@ CREATE SCHEMA diagnostics;
 
 CREATE SCHEMA ledger;
 
+CREATE SCHEMA tenancy;
+
 CREATE FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -27,20 +29,26 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.bind_setting(name text, value text) RETURNS timestamp with time zone
+CREATE FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF name NOT IN ('effect_ledger.tenant', 'effect_ledger.maintenance', 'effect_ledger.purge') THEN
-        RAISE EXCEPTION 'ledger.bind_setting sets the effect_ledger settings only, not %', name
-            USING ERRCODE = 'invalid_parameter_value';
+    INSERT INTO ledger.operations (
+        tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+        claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
+        created_at, updated_at, chain_seq, chain_hash)
+    VALUES (p_tenant, p_operation, p_principal, p_tool, p_tool_version, p_intent_digest, 'pending', 1,
+            p_claim_token_hash, p_client_nonce_hash, p_sealed_token, p_lease_seconds, p_lease_expires_at,
+            p_at, p_at, 1, p_hash)
+    ON CONFLICT (tenant_id, operation_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
-    -- NULL on plain PostgreSQL; on Citus, forward SET LOCAL even if the session was not told to
-    IF current_setting('citus.propagate_set_commands', true) = 'none' THEN
-        PERFORM set_config('citus.propagate_set_commands', 'local', true);
-    END IF;
-    EXECUTE format('SET LOCAL %s = %L', name, value);
-    RETURN clock_timestamp();
+    INSERT INTO ledger.events (
+        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
+    VALUES (p_tenant, p_operation, 1, p_at, 'claimed', p_principal, NULL, 'pending', 1, p_data,
+            p_prev_hash, p_hash);
+    RETURN 1;
 END
 $$;
 
@@ -53,6 +61,23 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'ledger.events is append-only (% refused)', TG_OP
         USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+CREATE FUNCTION tenancy.bind_setting(name text, value text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF name NOT IN ('effect_ledger.tenant', 'effect_ledger.maintenance', 'effect_ledger.purge') THEN
+        RAISE EXCEPTION 'tenancy.bind_setting sets the effect_ledger settings only, not %', name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- NULL on plain PostgreSQL; on Citus, forward SET LOCAL even if the session was not told to
+    IF current_setting('citus.propagate_set_commands', true) = 'none' THEN
+        PERFORM set_config('citus.propagate_set_commands', 'local', true);
+    END IF;
+    EXECUTE format('SET LOCAL %s = %L', name, value);
+    RETURN clock_timestamp();
 END
 $$;
 
@@ -214,12 +239,18 @@ GRANT USAGE ON SCHEMA diagnostics TO effect_ledger_diag_reader;
 
 GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
 
+GRANT USAGE ON SCHEMA tenancy TO effect_ledger_runtime;
+GRANT USAGE ON SCHEMA tenancy TO effect_ledger_diag_reader;
+
 REVOKE ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) FROM PUBLIC;
 GRANT ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) TO effect_ledger_runtime;
 
-REVOKE ALL ON FUNCTION ledger.bind_setting(name text, value text) FROM PUBLIC;
-GRANT ALL ON FUNCTION ledger.bind_setting(name text, value text) TO effect_ledger_runtime;
-GRANT ALL ON FUNCTION ledger.bind_setting(name text, value text) TO effect_ledger_diag_reader;
+REVOKE ALL ON FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) FROM PUBLIC;
+GRANT ALL ON FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) TO effect_ledger_runtime;
+
+REVOKE ALL ON FUNCTION tenancy.bind_setting(name text, value text) FROM PUBLIC;
+GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_runtime;
+GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_diag_reader;
 
 GRANT SELECT ON TABLE diagnostics.access_log TO effect_ledger_runtime;
 GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;

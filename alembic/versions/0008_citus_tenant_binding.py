@@ -1,9 +1,9 @@
-"""Citus: bind the tenant so that the workers see it; transition writes that Citus routes to one shard.
+"""Citus: bind the tenant so that the workers see it; claim and transition writes routed to one shard.
 
 Row-level security and the append-only trigger run where the rows are: on a Citus worker's shards.
 A worker sees a setting of the coordinator's transaction only if Citus forwards it, and Citus forwards
 `SET LOCAL` (with `citus.propagate_set_commands = 'local'`), never `set_config()`. SET cannot take a
-bind parameter, so ledger.bind_setting() issues the SET LOCAL itself, with the value quoted by the
+bind parameter, so tenancy.bind_setting() issues the SET LOCAL itself, with the value quoted by the
 server; it also switches the forwarding on for the transaction when a Citus session has it off. On
 plain PostgreSQL it is exactly `set_config(name, value, true)`. It returns the database clock, so the
 tenant binding stays one round trip.
@@ -21,11 +21,15 @@ branch_labels = None
 depends_on = None
 
 BIND_SETTING = r"""
-CREATE FUNCTION ledger.bind_setting(name text, value text) RETURNS timestamptz
+-- Its own schema: the reader role binds a tenant too, and has no business in schema ledger.
+CREATE SCHEMA tenancy;
+REVOKE ALL ON SCHEMA tenancy FROM PUBLIC;
+GRANT USAGE ON SCHEMA tenancy TO effect_ledger_runtime, effect_ledger_diag_reader;
+CREATE FUNCTION tenancy.bind_setting(name text, value text) RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 BEGIN
     IF name NOT IN ('effect_ledger.tenant', 'effect_ledger.maintenance', 'effect_ledger.purge') THEN
-        RAISE EXCEPTION 'ledger.bind_setting sets the effect_ledger settings only, not %', name
+        RAISE EXCEPTION 'tenancy.bind_setting sets the effect_ledger settings only, not %', name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- NULL on plain PostgreSQL; on Citus, forward SET LOCAL even if the session was not told to
@@ -36,8 +40,8 @@ BEGIN
     RETURN clock_timestamp();
 END
 $$;
-REVOKE ALL ON FUNCTION ledger.bind_setting(text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ledger.bind_setting(text, text) TO effect_ledger_runtime, effect_ledger_diag_reader;
+REVOKE ALL ON FUNCTION tenancy.bind_setting(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tenancy.bind_setting(text, text) TO effect_ledger_runtime, effect_ledger_diag_reader;
 """
 
 # A transition's write: the operation's new state and chain head, then its events, one INSERT ... VALUES
@@ -77,10 +81,43 @@ REVOKE ALL ON FUNCTION ledger.apply_change FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ledger.apply_change TO effect_ledger_runtime;
 """
 
+# A first claim: the operation and its `claimed` event, or nothing when the ID exists (ON CONFLICT DO
+# NOTHING waits for a concurrent inserter to commit, so exactly one claimant wins). As one statement with
+# a data-modifying CTE, Citus ran the event insert as a second step pulled through the coordinator.
+INSERT_FIRST_ATTEMPT = r"""
+CREATE FUNCTION ledger.insert_first_attempt(
+    p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text,
+    p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea,
+    p_lease_seconds integer, p_lease_expires_at timestamptz, p_at timestamptz, p_data jsonb,
+    p_prev_hash text, p_hash text
+) RETURNS integer LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO ledger.operations (
+        tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+        claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
+        created_at, updated_at, chain_seq, chain_hash)
+    VALUES (p_tenant, p_operation, p_principal, p_tool, p_tool_version, p_intent_digest, 'pending', 1,
+            p_claim_token_hash, p_client_nonce_hash, p_sealed_token, p_lease_seconds, p_lease_expires_at,
+            p_at, p_at, 1, p_hash)
+    ON CONFLICT (tenant_id, operation_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO ledger.events (
+        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
+    VALUES (p_tenant, p_operation, 1, p_at, 'claimed', p_principal, NULL, 'pending', 1, p_data,
+            p_prev_hash, p_hash);
+    RETURN 1;
+END
+$$;
+REVOKE ALL ON FUNCTION ledger.insert_first_attempt FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION ledger.insert_first_attempt TO effect_ledger_runtime;
+"""
+
 
 def upgrade() -> None:
-    """Create ledger.bind_setting (how the service binds its settings) and ledger.apply_change."""
-    for script in (BIND_SETTING, APPLY_CHANGE):
+    """Create tenancy.bind_setting (how the service binds its settings) and the two write functions."""
+    for script in (BIND_SETTING, APPLY_CHANGE, INSERT_FIRST_ATTEMPT):
         execute_script(script)
 
 

@@ -5,25 +5,12 @@
 -- name: tenant_context
 -- Bind the transaction to the caller's tenant (RLS reads it; SET LOCAL, so Citus workers see it too)
 -- and read the database clock.
-SELECT $1::text AS tenant, ledger.bind_setting('effect_ledger.tenant', $1::text) AS db_now;
+SELECT $1::text AS tenant, tenancy.bind_setting('effect_ledger.tenant', $1::text) AS db_now;
 
 -- name: insert_first_attempt
--- A first claim: insert the operation and its `claimed` event; no row back means someone else has it.
--- ON CONFLICT DO NOTHING waits for a concurrent inserter to commit, so exactly one claimant wins.
-WITH inserted AS (
-    INSERT INTO ledger.operations (
-        tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
-        claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
-        created_at, updated_at, chain_seq, chain_hash)
-    VALUES ($1, $2, $3, $4, $5, $6, 'pending', 1, $7, $8, $9, $10, $11, $12, $12, 1, $15)
-    ON CONFLICT (tenant_id, operation_id) DO NOTHING
-    RETURNING tenant_id, operation_id
-)
-INSERT INTO ledger.events (
-    tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
-SELECT tenant_id, operation_id, 1, $12, 'claimed', $3, NULL, 'pending', 1, $13, $14, $15
-FROM inserted
-RETURNING seq;
+-- A first claim: insert the operation and its `claimed` event; NULL means someone else has it
+-- (function ledger.insert_first_attempt, migration 0008: one round trip, one Citus shard).
+SELECT ledger.insert_first_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
 
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
@@ -189,7 +176,7 @@ SELECT pg_advisory_unlock($1::integer, $2::integer);
 
 -- name: maintenance_scope
 -- Let this owner transaction see every tenant (policy `maintenance`, migration 0002), or stop it.
-SELECT ledger.bind_setting('effect_ledger.maintenance', $1::text);
+SELECT tenancy.bind_setting('effect_ledger.maintenance', $1::text);
 
 -- name: sweep_candidates
 -- A batch of submitted operations whose lease has expired, across tenants, locked; rows that a
@@ -213,7 +200,7 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: purge_mode
 -- The events trigger allows DELETE only in a transaction that sets this (the purge path).
-SELECT ledger.bind_setting('effect_ledger.purge', 'on');
+SELECT tenancy.bind_setting('effect_ledger.purge', 'on');
 
 -- name: purge_events
 -- Delete the events of the given operations (before the operations: the foreign key).

@@ -1,0 +1,302 @@
+"""On a real Citus cluster (the Citus lane of .ci/run): distribution, isolation on the workers, routing.
+
+Skipped on plain PostgreSQL. The session's database was migrated from empty to head by conftest on a
+coordinator and its workers (tests/citus_cluster.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import httpx
+import psycopg
+import pytest
+from ledger_flows import committed, submitted
+
+import citus_cluster
+from conftest import auth, runtime_connection
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.migrate import head_revision
+from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+
+pytestmark = [pytest.mark.storage, pytest.mark.citus]
+
+
+@pytest.fixture(autouse=True)
+def only_on_citus(on_citus: bool) -> None:
+    if not on_citus:
+        pytest.skip("needs a Citus coordinator as EFFECT_LEDGER_DATABASE_URL (the Citus lane of .ci/run)")
+
+
+async def test_every_table_is_distributed_by_tenant_and_colocated(db_url: str) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        assert await conn.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+        tables = await conn.fetch(
+            "SELECT c.oid::regclass::text AS name, p.partmethod::text, p.colocationid,"
+            " column_to_column_name(p.logicalrelid, p.partkey) AS column"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " LEFT JOIN pg_dist_partition p ON p.logicalrelid = c.oid"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'citus', 'citus_internal', 'public')"
+            " AND n.nspname NOT LIKE 'pg_%' AND c.relkind IN ('r', 'p')"
+        )
+    finally:
+        await conn.close()
+    assert {"ledger.operations", "ledger.events", "diagnostics.incidents", "diagnostics.access_log"} <= {
+        t["name"] for t in tables
+    }
+    # every table of the service's schemas: hash-distributed by tenant_id, all in one co-location group
+    assert {(t["partmethod"], t["column"]) for t in tables} == {("h", "tenant_id")}, tables
+    assert len({t["colocationid"] for t in tables}) == 1
+
+
+async def _operations_for(service: Any, tenant: str, count: int) -> None:
+    async with service.client() as http:
+        for n in range(count):
+            await committed(http, f"{tenant}-op-{n}", tenant=tenant)
+
+
+async def _bind(conn: asyncpg.Connection, tenant: str) -> None:
+    await conn.fetchrow(sql("tenant_context"), tenant)
+
+
+async def test_a_worker_and_the_coordinator_show_the_runtime_role_nothing_foreign(
+    service: Any, db_url: str
+) -> None:
+    await _operations_for(service, "acme", 6)
+    await _operations_for(service, "globex", 6)
+    _, workers = await citus_cluster.nodes(db_url)
+    conn = await asyncpg.connect(db_url)
+    try:
+        shards = await conn.fetch(
+            "SELECT s.logicalrelid::regclass::text AS rel, shard_name(s.logicalrelid, s.shardid) AS shard,"
+            " p.nodename, p.nodeport FROM pg_dist_shard s JOIN pg_dist_placement pl USING (shardid)"
+            " JOIN pg_dist_node p ON p.groupid = pl.groupid"
+            " WHERE s.logicalrelid IN ('ledger.operations'::regclass, 'ledger.events'::regclass)"
+        )
+    finally:
+        await conn.close()
+    seen: dict[str, set[str]] = {}
+    for host, port in workers:
+        url = citus_cluster.node_url(db_url, host, port)
+        worker = await runtime_connection(url)
+        try:
+            assert await worker.fetchval("SELECT current_user") == RUNTIME_ROLE
+            # no tenant bound: nothing, through the distributed table and through the shards themselves
+            assert await worker.fetchval("SELECT count(*) FROM ledger.operations") == 0
+            local = [s for s in shards if (s["nodename"], s["nodeport"]) == (host, port)]
+            assert local, "every worker holds shards"
+            for s in local:
+                assert await worker.fetchval(f"SELECT count(*) FROM {s['shard']}") == 0
+            async with worker.transaction():
+                await _bind(worker, "globex")
+                tenants = {r[0] for r in await worker.fetch("SELECT tenant_id FROM ledger.operations")}
+                tenants |= {r[0] for r in await worker.fetch("SELECT tenant_id FROM ledger.events")}
+                for s in local:
+                    tenants |= {
+                        r[0] for r in await worker.fetch(f"SELECT DISTINCT tenant_id FROM {s['shard']}")
+                    }
+                assert tenants <= {"globex"}
+                # and the worker refuses to write a foreign row
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    async with worker.transaction():
+                        await worker.execute(
+                            "INSERT INTO ledger.events (tenant_id, operation_id, seq, at, kind, actor,"
+                            " attempt, data, prev_hash, hash) VALUES ('acme', 'acme-op-0', 99, now(),"
+                            " 'x', 'x', 1, '{}', repeat('0', 64), repeat('0', 64))"
+                        )
+            async with worker.transaction():
+                await _bind(worker, "acme")
+                seen[f"{host}:{port}"] = {
+                    r[0] for r in await worker.fetch("SELECT operation_id FROM ledger.operations")
+                }
+        finally:
+            await worker.close()
+    # the rows are there, on the workers: the tenant bound on the worker sees exactly its own
+    assert set().union(*seen.values()) == {f"acme-op-{n}" for n in range(6)}
+    coordinator = await runtime_connection(db_url)
+    try:
+        async with coordinator.transaction():
+            await _bind(coordinator, "globex")
+            assert (
+                await coordinator.fetchval("SELECT count(*) FROM ledger.operations WHERE tenant_id = 'acme'")
+                == 0
+            )
+            assert (
+                await coordinator.fetchval("SELECT count(*) FROM ledger.events WHERE tenant_id = 'acme'") == 0
+            )
+            assert {r[0] for r in await coordinator.fetch("SELECT tenant_id FROM ledger.operations")} == {
+                "globex"
+            }
+    finally:
+        await coordinator.close()
+    async with service.client() as http:
+        foreign = await http.get("/v1/operations/acme-op-0", headers=auth(tenant="globex"))
+        assert foreign.status_code == 404
+
+
+async def test_the_reader_role_sees_nothing_foreign_on_a_worker(db_url: str) -> None:
+    _, workers = await citus_cluster.nodes(db_url)
+    runtime = await runtime_connection(db_url)
+    try:
+        async with runtime.transaction():
+            await _bind(runtime, "acme")
+            await runtime.execute(sql("insert_incident"), *EXECUTOR_STATEMENTS["insert_incident"])
+    finally:
+        await runtime.close()
+    for host, port in workers:
+        url = citus_cluster.node_url(db_url, host, port)
+        reader = await asyncpg.connect(url, user=READER_ROLE, password=derived_password(db_url, READER_ROLE))
+        try:
+            assert await reader.fetchval("SELECT count(*) FROM diagnostics.incidents") == 0
+            async with reader.transaction():
+                await _bind(reader, "globex")
+                assert await reader.fetchval("SELECT count(*) FROM diagnostics.incidents") == 0
+            async with reader.transaction():
+                await _bind(reader, "acme")
+                assert await reader.fetchval("SELECT count(*) FROM diagnostics.incidents") == 1
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await reader.fetchval("SELECT count(*) FROM ledger.operations")
+        finally:
+            await reader.close()
+
+
+# --- routing: every executor statement is a single-shard (router) statement --------------------
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+DIGEST = "sha256:" + "a" * 64
+HASH = "0" * 64
+FIRST_ATTEMPT = ("acme", "op-1", "exec-1", "t", "1", DIGEST, b"h", None, None, 30, NOW, NOW, "{}", HASH, HASH)
+# Sample arguments for each statement an executor's call runs (claim, submit, heartbeat, complete,
+# reads of its own operation, diagnostics it writes) but the two write functions (insert_first_attempt,
+# apply_change), whose statements the tests below follow to the workers.
+EXECUTOR_STATEMENTS: dict[str, tuple[Any, ...]] = {
+    "read_operation": ("acme", "op-1"),
+    "lock_operation": ("acme", "op-1"),
+    "list_events": ("acme", "op-1"),
+    "operation_chain": ("acme", "op-1"),
+    "insert_incident": (
+        "acme",
+        "inc_" + "a" * 24,
+        "outcome",
+        "exec-1",
+        "op-1",
+        1,
+        "complete",
+        "unknown",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        NOW,
+    ),
+    "outcome_incident_reference": ("acme", "op-1", 1),
+    "read_incident": ("acme", "inc_" + "a" * 24),
+    "append_access_log": ("acme", "acc-1", NOW, "inc_" + "a" * 24, "aud-1", "test"),
+}
+
+
+def _literal_sql(statement: str) -> str:
+    """The statement with $n as psycopg placeholders, so that EXPLAIN sees the values (custom plan)."""
+    return re.sub(r"\$(\d+)", r"%(p\1)s", statement.replace("%", "%%"))
+
+
+def _explain(url: str, tenant: str, name: str, args: tuple[Any, ...]) -> str:
+    with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
+        cur.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', %s)", (tenant,))
+        params = {f"p{i}": psycopg.types.json.Jsonb({}) if v == "{}" else v for i, v in enumerate(args, 1)}
+        cur.execute("EXPLAIN (COSTS OFF) " + _literal_sql(sql(name)), params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+        conn.rollback()
+    return plan
+
+
+@pytest.mark.parametrize("name", sorted(EXECUTOR_STATEMENTS))
+async def test_executor_statement_is_routed_to_one_shard(db_url: str, name: str) -> None:
+    plan = _explain(db_url, "acme", name, EXECUTOR_STATEMENTS[name])
+    assert "Custom Scan (Citus Adaptive)" in plan, plan
+    assert re.findall(r"Task Count: (\d+)", plan) == ["1"], plan
+    assert "Citus INSERT ... SELECT" not in plan and "Subplan" not in plan, plan
+
+
+@pytest.fixture
+async def remote_log(db_url: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
+    """A runtime connection that reports every command the coordinator sends to a worker."""
+    conn = await runtime_connection(db_url)
+    messages: list[str] = []
+    conn.add_log_listener(lambda _c, m: messages.append(f"{m.message} {m.detail or ''}"))
+    await conn.execute("SET citus.log_remote_commands = on")
+    try:
+        yield conn, messages
+    finally:
+        await conn.close()
+
+
+def _servers(messages: list[str]) -> set[str]:
+    return {m for msg in messages for m in re.findall(r"on server \S+@(\S+) connectionId", msg)}
+
+
+async def test_a_transition_write_goes_to_one_worker(
+    remote_log: tuple[asyncpg.Connection, list[str]], client: httpx.AsyncClient
+) -> None:
+    conn, messages = remote_log
+    await submitted(client, "op-w", tenant="acme")
+    async with conn.transaction():
+        await _bind(conn, "acme")
+        row = await conn.fetchrow(sql("lock_operation"), "acme", "op-w")
+        messages.clear()
+        await conn.execute(
+            sql("apply_change"),
+            "acme",
+            "op-w",
+            "committed",
+            row["attempt"],
+            row["claim_token_hash"],
+            None,
+            None,
+            30,
+            None,
+            "ref",
+            '{"external_ref": "r"}',
+            None,
+            NOW,
+            NOW,
+            NOW,
+            "exec-1",
+            [row["chain_seq"] + 1],
+            [NOW],
+            ["completed"],
+            ["exec-1"],
+            ["submitted"],
+            ["committed"],
+            [row["attempt"]],
+            ["{}"],
+            [row["chain_hash"]],
+            ["1" * 64],
+            row["chain_seq"] + 1,
+            "1" * 64,
+        )
+        sent = [m for m in messages if "issuing" in m]
+        shards = set(re.findall(r"ledger\.(?:operations|events)_(\d+)", " ".join(sent)))
+    assert len(_servers(sent)) == 1, sent
+    assert len(shards) == 2, sent  # one shard of operations and the co-located one of events
+
+
+async def test_a_first_claim_goes_to_one_worker(remote_log: tuple[asyncpg.Connection, list[str]]) -> None:
+    conn, messages = remote_log
+    async with conn.transaction():
+        await _bind(conn, "acme")
+        messages.clear()
+        assert await conn.fetchval(sql("insert_first_attempt"), *FIRST_ATTEMPT) == 1
+        sent = [m for m in messages if "issuing" in m]
+    assert len(_servers(sent)) == 1, sent
