@@ -140,13 +140,13 @@ def start_node(data_dir: Path, port: int) -> None:
     assert scripts is not None
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir.chmod(0o755)
-    subprocess.run(
+    done = subprocess.run(
         [str(scripts / "cluster.sh"), "start", str(data_dir), str(port), "0"],
-        check=True,
         capture_output=True,
         text=True,
         timeout=120,
     )
+    assert done.returncode == 0, done.stderr
 
 
 def stop_node(data_dir: Path) -> None:

@@ -28,6 +28,9 @@ from ledger_flows import (
 from effect_ledger.db.catalogue import sql
 from effect_ledger.domain.chain import GENESIS_HASH, event_hash
 
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
 
 async def verify(client: httpx.AsyncClient, op: str | None = None, tenant: str = "t1") -> dict[str, Any]:
     r = await get(client, "/v1/audit/verify", {"operation_id": op} if op else None, tenant=tenant, **AUDITOR)

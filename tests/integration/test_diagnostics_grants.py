@@ -11,6 +11,9 @@ import pytest
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
 
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
 TABLES = ("ledger.operations", "ledger.events", "diagnostics.incidents", "diagnostics.access_log")
 PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
 INSERT_INCIDENT = (
