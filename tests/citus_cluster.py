@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy import create_engine, pool
 
 from effect_ledger.db.catalogue import sql
+from effect_ledger.db.urls import sqlalchemy_url
 
 # Tests use 4 shards per table (production keeps Citus's 32): quicker DDL and wipes, shards still on
 # every worker.
@@ -139,7 +144,8 @@ def start_node(data_dir: Path, port: int) -> None:
     scripts = scripts_dir()
     assert scripts is not None
     data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir.chmod(0o755)
+    for folder in (data_dir.parent, data_dir):
+        folder.chmod(0o755)  # the postgres user runs the node
     done = subprocess.run(
         [str(scripts / "cluster.sh"), "start", str(data_dir), str(port), "0"],
         capture_output=True,
@@ -160,3 +166,13 @@ def stop_node(data_dir: Path) -> None:
         text=True,
         timeout=120,
     )
+
+
+def in_migration(url: str, step: Callable[[], None]) -> None:
+    """Run a migration step (code that uses alembic's `op`) on url, in one transaction, as Alembic would."""
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection, Operations.context(MigrationContext.configure(connection)):
+            step()
+    finally:
+        engine.dispose()

@@ -20,7 +20,12 @@ from ledger_flows import committed, submitted
 import citus_cluster
 from conftest import auth, runtime_connection
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.migrate import head_revision
+from effect_ledger.db.migrate import (
+    distribute_by_tenant,
+    distribute_functions,
+    head_revision,
+    reference_tables,
+)
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
 
 pytestmark = [pytest.mark.storage, pytest.mark.citus]
@@ -300,3 +305,48 @@ async def test_a_first_claim_goes_to_one_worker(remote_log: tuple[asyncpg.Connec
         assert await conn.fetchval(sql("insert_first_attempt"), *FIRST_ATTEMPT) == 1
         sent = [m for m in messages if "issuing" in m]
     assert len(_servers(sent)) == 1, sent
+
+
+# --- the helpers later migrations call -------------------------------------------------------------
+
+SCRATCH = """
+CREATE SCHEMA scratch;
+CREATE TABLE scratch.notes (tenant_id text NOT NULL, id integer NOT NULL, PRIMARY KEY (tenant_id, id));
+CREATE TABLE scratch.kinds (kind text PRIMARY KEY);
+CREATE FUNCTION scratch.count_notes(p_tenant text) RETURNS bigint LANGUAGE sql
+    AS $$ SELECT count(*) FROM scratch.notes WHERE tenant_id = p_tenant $$;
+"""
+
+
+def _helpers() -> None:
+    distribute_by_tenant("scratch.notes")
+    reference_tables("scratch.kinds")
+    distribute_functions("scratch.count_notes(text)")
+
+
+async def test_migration_helpers_distribute_tables_and_functions_by_tenant(db_url: str) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(SCRATCH)
+        citus_cluster.in_migration(db_url, _helpers)
+        citus_cluster.in_migration(db_url, _helpers)  # a second run changes nothing
+        operations = await conn.fetchval(
+            "SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'ledger.operations'::regclass"
+        )
+        tables = await conn.fetch(
+            "SELECT logicalrelid::text AS name, partmethod::text, colocationid,"
+            " column_to_column_name(logicalrelid, partkey) AS column FROM pg_dist_partition"
+            " WHERE logicalrelid::text LIKE 'scratch.%' ORDER BY 1"
+        )
+        function = await conn.fetchrow(
+            "SELECT distribution_argument_index, colocationid, force_delegation FROM pg_dist_object"
+            " WHERE objid = 'scratch.count_notes(text)'::regprocedure"
+        )
+    finally:
+        await conn.execute("DROP SCHEMA scratch CASCADE")
+        await conn.close()
+    assert [tuple(t) for t in tables] == [
+        ("scratch.kinds", "n", tables[0]["colocationid"], None),
+        ("scratch.notes", "h", operations, "tenant_id"),
+    ]
+    assert tuple(function) == (0, operations, True)

@@ -46,7 +46,6 @@ async def growing_cluster(pg_admin_url: str, on_citus: bool) -> AsyncIterator[tu
     await asyncio.to_thread(lambda: asyncio.run(migrate(Settings(database_url=url))))
     port = int(os.environ.get("EFFECT_LEDGER_CITUS_SPARE_PORT") or free_port())
     data = Path(tempfile.mkdtemp(prefix="effect-ledger-spare-"))
-    data.chmod(0o755)  # the postgres user runs the node
     try:
         await asyncio.to_thread(citus_cluster.start_node, data / "node", port)
         await citus_cluster.create_on_node(url, "127.0.0.1", port, name)

@@ -57,6 +57,37 @@ $$;
 -- Let the runtime role see which migration the database is at (for /readyz).
 GRANT SELECT ON public.alembic_version TO effect_ledger_runtime;
 
+-- ---------------------------------------------------------------------------------------------
+-- Citus helpers for migrations (effect_ledger.db.migrate: distribute_by_tenant, reference_tables,
+-- distribute_functions), run only when citus_installed says so; see docs/citus.md.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: citus_installed
+-- Whether this database has the citus extension (a Citus coordinator).
+SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus';
+
+-- name: citus_local_setting
+-- A setting for the rest of the migration's transaction (only citus.* settings are passed here).
+SELECT set_config($1::text, $2::text, true);
+
+-- name: citus_distribute_table
+-- Distribute a table by tenant_id in ledger.operations' co-location group, unless it already is.
+SELECT create_distributed_table(
+    $1::regclass, 'tenant_id',
+    colocate_with => CASE WHEN $1::regclass = 'ledger.operations'::regclass
+                          THEN 'default' ELSE 'ledger.operations' END)
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass);
+
+-- name: citus_reference_table
+-- Copy a table without a tenant to every node, unless it already is distributed.
+SELECT create_reference_table($1::regclass)
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass);
+
+-- name: citus_distribute_function
+-- Run a function on the worker holding its tenant's shard (by the named argument), in transactions too.
+SELECT create_distributed_function(
+    $1::regprocedure, $2::text, colocate_with => 'ledger.operations', force_delegation => true);
+
 -- name: migration_head
 -- The migration the database is at.
 SELECT version_num FROM public.alembic_version;
