@@ -29,7 +29,6 @@ from effect_ledger.db.ledger import (
     UNOBSERVED,
     LedgerObserver,
     apply_change,
-    lock_for_change,
     row_to_operation,
 )
 from effect_ledger.domain.model import UNKNOWN, EventDraft
@@ -106,9 +105,11 @@ async def sweep_batch(
         for tenant, operation_id in keys:
             # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies).
             await conn.fetchrow(sql("tenant_context"), tenant)
-            # Locked above already; read in a new statement for the current chain head and clock.
-            row = await lock_for_change(conn, tenant, operation_id)
-            assert row is not None  # this transaction holds its lock: nobody can have deleted it
+            # Locked by its tenant (one shard), skipped if a request holds it; decide_sweep checks again
+            # that it is still submitted with an expired lease, with the clock read after the lock.
+            row = await conn.fetchrow(sql("lock_operation_unless_held"), tenant, operation_id)
+            if row is None:
+                continue
             op = row_to_operation(row)
             change = decide_sweep(op)
             await apply_change(conn, tenant, op, change)
@@ -129,8 +130,9 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerO
             found, swept = await sweep_batch(conn, batch_size, observer)
             result.batches += 1
             result.counts["swept"] += swept
-            # Locked rows were skipped, not found: a short batch means nothing sweepable is left.
-            if found < batch_size:
+            # A short batch means nothing sweepable is left; a batch that swept nothing holds only rows
+            # that requests hold right now (skipped): leave them to the next run rather than spin.
+            if found < batch_size or swept == 0:
                 return result
 
 
@@ -151,13 +153,17 @@ async def purge_ledger_batch(
         await conn.fetchval(sql("maintenance_scope"), "on")
         await conn.fetchval(sql("purge_mode"))  # SET LOCAL effect_ledger.purge: the events trigger's gate
         keys = await conn.fetch(sql("purge_candidates"), retention_days, batch_size)
-        if not keys:
-            return 0, 0
-        tenants = [k["tenant_id"] for k in keys]
-        operation_ids = [k["operation_id"] for k in keys]
-        events = await conn.execute(sql("purge_events"), tenants, operation_ids)
-        operations = await conn.execute(sql("purge_operations"), tenants, operation_ids)
-    return _deleted(operations), _deleted(events)
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, operation_id in keys:
+            by_tenant.setdefault(tenant, []).append(operation_id)
+        operations = events = 0
+        for tenant, candidates in by_tenant.items():  # one shard (group) at a time on Citus
+            rows = await conn.fetch(sql("lock_purgeable"), tenant, candidates, retention_days)
+            locked = [r[0] for r in rows]
+            if locked:
+                events += _deleted(await conn.execute(sql("purge_events"), tenant, locked))
+                operations += _deleted(await conn.execute(sql("purge_operations"), tenant, locked))
+    return operations, events
 
 
 def _deleted(status: str) -> int:

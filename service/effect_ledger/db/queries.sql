@@ -210,23 +210,38 @@ SELECT pg_advisory_unlock($1::integer, $2::integer);
 SELECT tenancy.bind_setting('effect_ledger.maintenance', $1::text);
 
 -- name: sweep_candidates
--- A batch of submitted operations whose lease has expired, across tenants, locked; rows that a
--- request holds are skipped (SKIP LOCKED), so the sweeper never waits on the hot path.
+-- A batch of submitted operations whose lease has expired, across tenants, not locked here: each is
+-- then locked by its tenant (lock_operation_unless_held), since Citus locks rows of one shard at a time.
 SELECT tenant_id, operation_id
 FROM ledger.operations
 WHERE status = 'submitted' AND lease_expires_at <= clock_timestamp()
 ORDER BY lease_expires_at
-LIMIT $1
+LIMIT $1;
+
+-- name: lock_operation_unless_held
+-- lock_operation for the sweeper: a row that a request holds is skipped (SKIP LOCKED, no row back), so
+-- the sweeper never waits on the hot path.
+SELECT o.*, clock_timestamp() AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: purge_candidates
--- A batch of terminal operations untouched for the retention period, across tenants, locked.
--- Only committed and not_applied qualify: pending, submitted and unknown are never purged.
+-- A batch of terminal operations untouched for the retention period, across tenants, not locked here
+-- (lock_purgeable locks them by tenant). Only committed and not_applied qualify: pending, submitted and
+-- unknown are never purged.
 SELECT tenant_id, operation_id
 FROM ledger.operations
 WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $1)
 ORDER BY updated_at
-LIMIT $2
+LIMIT $2;
+
+-- name: lock_purgeable
+-- Lock those of one tenant's candidates that still qualify; rows a request holds are skipped.
+SELECT operation_id
+FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[])
+  AND status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() - make_interval(days => $3)
 FOR UPDATE SKIP LOCKED;
 
 -- name: purge_mode
@@ -234,16 +249,14 @@ FOR UPDATE SKIP LOCKED;
 SELECT tenancy.bind_setting('effect_ledger.purge', 'on');
 
 -- name: purge_events
--- Delete the events of the given operations (before the operations: the foreign key).
-DELETE FROM ledger.events AS e
-USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
-WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
+-- Delete the events of one tenant's given operations (before the operations: the foreign key).
+DELETE FROM ledger.events
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
 -- name: purge_operations
--- Delete the given operations (locked by purge_candidates in this transaction, so still terminal).
-DELETE FROM ledger.operations AS o
-USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
-WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+-- Delete one tenant's given operations (locked by lock_purgeable in this transaction, so still terminal).
+DELETE FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
 -- ---------------------------------------------------------------------------------------------
 -- Protected diagnostics (API.md section 9). The runtime role inserts incidents but cannot read
