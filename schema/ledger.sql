@@ -7,48 +7,345 @@ CREATE SCHEMA ledger;
 
 CREATE SCHEMA tenancy;
 
-CREATE FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) RETURNS void
+CREATE TABLE ledger.operations (
+    tenant_id text NOT NULL,
+    operation_id text NOT NULL,
+    principal text NOT NULL,
+    tool text NOT NULL,
+    tool_version text NOT NULL,
+    intent_digest text NOT NULL,
+    status text NOT NULL,
+    attempt integer NOT NULL,
+    claim_token_hash bytea NOT NULL,
+    client_nonce_hash bytea,
+    sealed_token bytea,
+    lease_seconds integer NOT NULL,
+    lease_expires_at timestamp with time zone,
+    effect_ref text,
+    receipt jsonb,
+    not_applied_reason jsonb,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    submitted_at timestamp with time zone,
+    resolved_at timestamp with time zone,
+    resolved_by text,
+    chain_seq integer DEFAULT 0 NOT NULL,
+    chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
+    CONSTRAINT operations_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT operations_chain_hash_check CHECK ((chain_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_chain_seq_check CHECK ((chain_seq >= 0)),
+    CONSTRAINT operations_check CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL))),
+    CONSTRAINT operations_check1 CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL))),
+    CONSTRAINT operations_intent_digest_check CHECK ((intent_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 3600))),
+    CONSTRAINT operations_operation_id_check CHECK ((operation_id ~ '^[A-Za-z0-9._:~-]{1,200}$'::text)),
+    CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])))
+);
+
+ALTER TABLE ONLY ledger.operations FORCE ROW LEVEL SECURITY;
+
+CREATE FUNCTION ledger.append_events(o ledger.operations, events jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    e record;
 BEGIN
-    UPDATE ledger.operations SET
-        status = p_status, attempt = p_attempt, claim_token_hash = p_claim_token_hash,
-        client_nonce_hash = p_client_nonce_hash, sealed_token = p_sealed_token,
-        lease_seconds = p_lease_seconds, lease_expires_at = p_lease_expires_at, effect_ref = p_effect_ref,
-        receipt = p_receipt, not_applied_reason = p_not_applied_reason, updated_at = p_updated_at,
-        submitted_at = p_submitted_at, resolved_at = p_resolved_at, resolved_by = p_resolved_by,
-        chain_seq = p_chain_seq, chain_hash = p_chain_hash
-    WHERE tenant_id = p_tenant AND operation_id = p_operation;
-    FOR i IN 1 .. coalesce(array_length(e_seq, 1), 0) LOOP
+    FOR e IN
+        SELECT * FROM jsonb_to_recordset(events) AS r(
+            seq integer, at timestamptz, kind text, actor text, from_status text, to_status text,
+            attempt integer, data jsonb, prev_hash text, hash text)
+    LOOP
         INSERT INTO ledger.events (
             tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
             prev_hash, hash)
-        VALUES (p_tenant, p_operation, e_seq[i], e_at[i], e_kind[i], e_actor[i], e_from_status[i],
-                e_to_status[i], e_attempt[i], e_data[i], e_prev_hash[i], e_hash[i]);
+        VALUES (o.tenant_id, o.operation_id, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status,
+                e.attempt, e.data, e.prev_hash, e.hash);
     END LOOP;
 END
 $$;
 
-CREATE FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) RETURNS integer
+CREATE PROCEDURE ledger.chain_event(INOUT o ledger.operations, INOUT events jsonb, IN event_at timestamp with time zone, IN kind text, IN actor text, IN from_status text, IN to_status text, IN data text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seq integer := o.chain_seq + 1;
+    content text := '{"actor":' || ledger.jcs_string(actor) || ',"at":' || ledger.jcs_string(ledger.ts_text(event_at))
+        || ',"attempt":' || o.attempt::text || ',"data":' || data
+        || ',"from_status":' || ledger.jcs_string(from_status) || ',"kind":' || ledger.jcs_string(kind)
+        || ',"operation_id":' || ledger.jcs_string(o.operation_id) || ',"seq":' || seq::text
+        || ',"to_status":' || ledger.jcs_string(to_status) || '}';
+    digest text := encode(sha256(convert_to(o.chain_hash || E'\n' || content, 'UTF8')), 'hex');
+BEGIN
+    events := events || jsonb_build_object(
+        'seq', seq, 'at', event_at, 'kind', kind, 'actor', actor, 'from_status', from_status,
+        'to_status', to_status, 'attempt', o.attempt, 'data', data::jsonb, 'prev_hash', o.chain_hash,
+        'hash', digest);
+    o.chain_seq := seq;
+    o.chain_hash := digest;
+END
+$$;
+
+CREATE FUNCTION ledger.claim(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean, effect_ref text, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now timestamptz;
+    won boolean;
+BEGIN
+    PERFORM set_config('effect_ledger.tenant', tenant, true);
+    FOR round IN 1..3 LOOP
+        events := '[]';
+        db_now := clock_timestamp();
+        now := date_trunc('milliseconds', db_now);
+        op := NULL;
+        op.tenant_id := tenant;
+        op.operation_id := operation_id;
+        op.principal := principal;
+        op.tool := tool;
+        op.tool_version := tool_version;
+        op.intent_digest := intent_digest;
+        op.attempt := 1;
+        op.created_at := now;
+        op.chain_seq := 0;
+        op.chain_hash := repeat('0', 64);  -- the genesis hash: `claimed` is seq 1
+        CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
+        CALL ledger.chain_event(op, events, now, 'claimed', principal, NULL, 'pending',
+            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at)) || '}');
+        IF submit THEN
+            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
+        END IF;
+        won := false;
+        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING
+        RETURNING true INTO won;
+        IF won THEN
+            PERFORM ledger.append_events(op, events);
+            outcome := 'created';
+            RETURN;
+        END IF;
+        events := '[]';
+        SELECT * INTO op FROM ledger.operations AS o
+        WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
+        CONTINUE WHEN NOT FOUND;  -- purged since our insert conflicted: insert again
+        db_now := clock_timestamp();
+        outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
+        IF outcome = 'new_attempt' THEN
+            -- decide again under the row lock: someone may have moved it since the unlocked read
+            SELECT * INTO op FROM ledger.operations AS o
+            WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
+            FOR UPDATE;
+            CONTINUE WHEN NOT FOUND;
+            db_now := clock_timestamp();
+            outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
+        END IF;
+        IF outcome <> 'new_attempt' THEN
+            RETURN;
+        END IF;
+        now := date_trunc('milliseconds', db_now);
+        DECLARE
+            previous_status text := op.status;
+            previous_attempt integer := op.attempt;
+        BEGIN
+            op.attempt := op.attempt + 1;
+            CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
+            CALL ledger.chain_event(op, events, now, 'reclaimed', principal, previous_status, 'pending',
+                '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at))
+                || ',"previous_attempt":' || previous_attempt::text || '}');
+        END;
+        IF submit THEN
+            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
+        END IF;
+        PERFORM ledger.write_change(op, events);
+        RETURN;
+    END LOOP;
+    outcome := 'vanished';
+    op := NULL;
+END
+$$;
+
+CREATE FUNCTION ledger.claim_verdict(o ledger.operations, principal text, tool text, tool_version text, intent_digest text, nonce_hash bytea, clock timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN (o.principal, o.tool, o.tool_version, o.intent_digest)
+             IS DISTINCT FROM (principal, tool, tool_version, intent_digest) THEN 'intent_conflict'
+        WHEN o.status = 'committed' THEN 'reuse_receipt'
+        WHEN o.status IN ('pending', 'submitted') AND COALESCE(o.lease_expires_at > clock, false) THEN
+            CASE WHEN nonce_hash IS NOT NULL AND o.client_nonce_hash = nonce_hash THEN 'replay'
+                 ELSE 'operation_in_progress' END
+        WHEN o.status NOT IN ('pending', 'not_applied') THEN 'outcome_unknown'
+        ELSE 'new_attempt'
+    END
+$$;
+
+CREATE FUNCTION ledger.complete(tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text, reason text, incident jsonb, OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb, OUT incident_ref text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    status text;
+    incident_id text := incident ->> 'incident_id';
+BEGIN
+    events := '[]';
+    op := ledger.lock_operation(tenant, operation_id);
+    db_now := clock_timestamp();
+    IF op.tenant_id IS NULL THEN
+        outcome_code := 'not_found';
+        RETURN;
+    END IF;
+    IF op.claim_token_hash IS DISTINCT FROM token_hash THEN
+        outcome_code := 'stale_claim';
+        RETURN;
+    END IF;
+    status := ledger.effective_status(op, db_now);
+    IF status IN ('committed', 'not_applied') THEN
+        IF ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN
+            outcome_code := 'unchanged';
+            RETURN;
+        END IF;
+        CALL ledger.record_discrepancy(op, events, db_now, actor, 'complete', outcome, receipt, reason);
+        PERFORM ledger.write_change(op, events);
+        outcome_code := 'conflicting_outcome';
+        RETURN;
+    END IF;
+    IF outcome = 'unknown' AND status = 'pending' THEN
+        outcome_code := 'invalid_transition';
+        RETURN;
+    END IF;
+    IF (incident ->> 'attempt')::integer IS DISTINCT FROM op.attempt AND incident ->> 'attempt' IS NOT NULL THEN
+        outcome_code := 'validation_failed';  -- the diagnostics name another attempt: nothing is written
+        RETURN;
+    END IF;
+    outcome_code := 'completed';
+    IF outcome = 'unknown' AND status = 'unknown' THEN
+        CALL ledger.expire_if_due(op, events, db_now);  -- already unknown: at most the expiry is recorded
+        outcome_code := CASE WHEN jsonb_array_length(events) > 0 THEN 'completed' ELSE 'unchanged' END;
+        incident_ref := CASE WHEN incident IS NOT NULL THEN (
+            SELECT e.data ->> 'incident' FROM ledger.events AS e
+            WHERE e.tenant_id = complete.tenant AND e.operation_id = complete.operation_id
+              AND e.attempt = op.attempt AND e.kind = 'completed' AND e.to_status = 'unknown'
+            ORDER BY e.seq DESC LIMIT 1) END;
+    ELSE
+        CALL ledger.settle(op, events, db_now, actor, 'completed', outcome, receipt, reason, NULL, incident_id);
+        incident_ref := incident_id;
+    END IF;
+    IF events = '[]' THEN
+        RETURN;
+    END IF;
+    PERFORM ledger.write_change(op, events);
+    IF incident_id IS NOT NULL AND incident_ref = incident_id THEN
+        INSERT INTO diagnostics.incidents (
+            tenant_id, incident_id, source, principal, operation_id, attempt, phase, cause, http_status,
+            provider, provider_request_id, retryable_hint, elapsed_ms, detail_code, headers, route, method,
+            exception_type, created_at)
+        SELECT tenant, i.incident_id, i.source, i.principal, i.operation_id, op.attempt, i.phase, i.cause,
+               i.http_status, i.provider, i.provider_request_id, i.retryable_hint, i.elapsed_ms,
+               i.detail_code, i.headers, i.route, i.method, i.exception_type,
+               COALESCE(i.created_at, clock_timestamp())
+        FROM jsonb_to_record(incident) AS i(
+            incident_id text, source text, principal text, operation_id text, phase text, cause text,
+            http_status integer, provider text, provider_request_id text, retryable_hint boolean,
+            elapsed_ms bigint, detail_code text, headers jsonb, route text, method text,
+            exception_type text, created_at timestamptz);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION ledger.effective_status(o ledger.operations, clock timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN o.status = 'submitted' AND NOT COALESCE(o.lease_expires_at > clock, false)
+                THEN 'unknown' ELSE o.status END
+$$;
+
+CREATE PROCEDURE ledger.expire_if_due(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now timestamptz := date_trunc('milliseconds', clock);
+BEGIN
+    IF ledger.effective_status(o, clock) = 'unknown' AND o.status = 'submitted' THEN
+        o.status := 'unknown';
+        o.updated_at := now;
+        CALL ledger.chain_event(o, events, now, 'lease_expired', 'effect-ledger', 'submitted', 'unknown',
+            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(o.lease_expires_at)) || '}');
+    END IF;
+END
+$$;
+
+CREATE PROCEDURE ledger.fresh_attempt(INOUT o ledger.operations, IN now timestamp with time zone, IN lease_seconds integer, IN nonce_hash bytea, IN token_hash bytea, IN sealed_token bytea)
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    INSERT INTO ledger.operations (
-        tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
-        claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
-        created_at, updated_at, chain_seq, chain_hash)
-    VALUES (p_tenant, p_operation, p_principal, p_tool, p_tool_version, p_intent_digest, 'pending', 1,
-            p_claim_token_hash, p_client_nonce_hash, p_sealed_token, p_lease_seconds, p_lease_expires_at,
-            p_at, p_at, 1, p_hash)
-    ON CONFLICT (tenant_id, operation_id) DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    o.status := 'pending';
+    o.claim_token_hash := token_hash;
+    o.client_nonce_hash := nonce_hash;
+    o.sealed_token := sealed_token;
+    o.lease_seconds := lease_seconds;
+    o.lease_expires_at := now + make_interval(secs => lease_seconds);
+    o.effect_ref := NULL;
+    o.receipt := NULL;
+    o.not_applied_reason := NULL;
+    o.updated_at := now;
+    o.submitted_at := NULL;
+    o.resolved_at := NULL;
+    o.resolved_by := NULL;
+END
+$$;
+
+CREATE FUNCTION ledger.heartbeat(tenant text, operation_id text, token_hash bytea, lease_seconds integer, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now timestamptz;
+BEGIN
+    events := '[]';
+    op := ledger.lock_operation(tenant, operation_id);
+    db_now := clock_timestamp();
+    IF op.tenant_id IS NULL THEN
+        outcome := 'not_found';
+        RETURN;
     END IF;
-    INSERT INTO ledger.events (
-        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
-    VALUES (p_tenant, p_operation, 1, p_at, 'claimed', p_principal, NULL, 'pending', 1, p_data,
-            p_prev_hash, p_hash);
-    RETURN 1;
+    outcome := ledger.refuse_unusable(op, token_hash, db_now, ARRAY['pending', 'submitted']);
+    IF outcome IS NOT NULL THEN
+        RETURN;
+    END IF;
+    now := date_trunc('milliseconds', db_now);
+    op.lease_expires_at := now + make_interval(secs => COALESCE(lease_seconds, op.lease_seconds));
+    op.updated_at := now;
+    PERFORM ledger.write_change(op, events);
+    outcome := 'extended';
+END
+$$;
+
+CREATE FUNCTION ledger.jcs_string(s text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT COALESCE(to_json(s)::text, 'null')
+$$;
+
+CREATE FUNCTION ledger.lock_operation(tenant text, operation_id text) RETURNS ledger.operations
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    o ledger.operations;
+BEGIN
+    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
+    SELECT * INTO o FROM ledger.operations AS t
+    WHERE t.tenant_id = lock_operation.tenant AND t.operation_id = lock_operation.operation_id
+    FOR UPDATE;
+    RETURN o;
+END
+$$;
+
+CREATE PROCEDURE ledger.record_discrepancy(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone, IN actor text, IN source text, IN outcome text, IN receipt text, IN reason text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    status text := ledger.effective_status(o, clock);
+BEGIN
+    CALL ledger.chain_event(o, events, date_trunc('milliseconds', clock), 'discrepancy', actor, status, status,
+        '{"recorded_outcome":' || ledger.jcs_string(o.status) || ',"reported_outcome":' || ledger.jcs_string(outcome)
+        || COALESCE(',"reported_reason":' || reason, '') || COALESCE(',"reported_receipt":' || receipt, '')
+        || ',"source":' || ledger.jcs_string(source) || '}');
 END
 $$;
 
@@ -61,6 +358,181 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'ledger.events is append-only (% refused)', TG_OP
         USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+CREATE FUNCTION ledger.refuse_unusable(o ledger.operations, token_hash bytea, clock timestamp with time zone, usable text[]) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN o.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN ledger.effective_status(o, clock) = ANY (usable) THEN NULL
+        WHEN ledger.effective_status(o, clock) = 'unknown' THEN 'outcome_unknown'
+        ELSE 'invalid_transition'
+    END
+$$;
+
+CREATE FUNCTION ledger.resolve(tenant text, operation_id text, actor text, outcome text, receipt text, reason text, evidence text, OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    status text;
+BEGIN
+    events := '[]';
+    op := ledger.lock_operation(tenant, operation_id);
+    db_now := clock_timestamp();
+    IF op.tenant_id IS NULL THEN
+        outcome_code := 'not_found';
+        RETURN;
+    END IF;
+    status := ledger.effective_status(op, db_now);
+    IF status IN ('committed', 'not_applied') THEN
+        IF ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN
+            outcome_code := 'unchanged';
+            RETURN;
+        END IF;
+        CALL ledger.record_discrepancy(op, events, db_now, actor, 'resolve', outcome, receipt, reason);
+        PERFORM ledger.write_change(op, events);
+        outcome_code := 'conflicting_outcome';
+        RETURN;
+    END IF;
+    IF status <> 'unknown' THEN
+        outcome_code := 'invalid_transition';
+        RETURN;
+    END IF;
+    IF outcome = 'unresolved' THEN
+        CALL ledger.expire_if_due(op, events, db_now);
+        op.updated_at := date_trunc('milliseconds', db_now);
+        CALL ledger.chain_event(op, events, op.updated_at, 'reconcile_unresolved', actor, 'unknown', 'unknown',
+            '{"evidence":' || COALESCE(evidence, 'null') || '}');
+    ELSE
+        CALL ledger.settle(op, events, db_now, actor, 'resolved', outcome, receipt, reason, evidence, NULL);
+    END IF;
+    PERFORM ledger.write_change(op, events);
+    outcome_code := 'resolved';
+END
+$$;
+
+CREATE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt jsonb, reason jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT outcome = o.status AND CASE
+        WHEN o.status = 'committed' THEN (
+            SELECT bool_and(COALESCE(o.receipt -> k, 'null') = COALESCE(receipt -> k, 'null'))
+            FROM unnest(ARRAY['external_ref', 'result_digest', 'result', 'observed_at']) AS k)
+        ELSE o.not_applied_reason IS NOT DISTINCT FROM reason
+    END
+$$;
+
+CREATE PROCEDURE ledger.settle(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone, IN actor text, IN kind text, IN outcome text, IN receipt text, IN reason text, IN evidence text, IN incident text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now timestamptz := date_trunc('milliseconds', clock);
+    terminal boolean := outcome IN ('committed', 'not_applied');
+    from_status text;
+BEGIN
+    CALL ledger.expire_if_due(o, events, clock);
+    from_status := o.status;
+    o.status := outcome;
+    o.receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL
+        THEN receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    o.not_applied_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
+    o.lease_expires_at := NULL;
+    o.updated_at := now;
+    o.resolved_at := CASE WHEN terminal THEN now END;
+    o.resolved_by := CASE WHEN terminal THEN actor END;
+    CALL ledger.chain_event(o, events, now, kind, actor, from_status, outcome,
+        '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || to_json(incident)::text || ',', '')
+        || '"outcome":' || ledger.jcs_string(outcome) || COALESCE(',"reason":' || reason, '')
+        || COALESCE(',"receipt":' || receipt, '') || '}');
+END
+$$;
+
+CREATE FUNCTION ledger.submit(tenant text, operation_id text, token_hash bytea, effect_ref text, lease_seconds integer, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    events := '[]';
+    op := ledger.lock_operation(tenant, operation_id);
+    db_now := clock_timestamp();
+    IF op.tenant_id IS NULL THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    outcome := ledger.refuse_unusable(op, token_hash, db_now, ARRAY['pending', 'submitted']);
+    IF outcome IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF ledger.effective_status(op, db_now) = 'submitted' THEN
+        outcome := CASE WHEN effect_ref IS NULL OR effect_ref = op.effect_ref
+                        THEN 'unchanged' ELSE 'invalid_transition' END;
+        RETURN;
+    END IF;
+    CALL ledger.submit_state(op, events, date_trunc('milliseconds', db_now), effect_ref, lease_seconds);
+    PERFORM ledger.write_change(op, events);
+    outcome := 'submitted';
+END
+$$;
+
+CREATE PROCEDURE ledger.submit_state(INOUT o ledger.operations, INOUT events jsonb, IN now timestamp with time zone, IN effect_ref text, IN lease_seconds integer)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    o.status := 'submitted';
+    o.effect_ref := effect_ref;
+    o.lease_seconds := COALESCE(lease_seconds, o.lease_seconds);
+    o.lease_expires_at := now + make_interval(secs => o.lease_seconds);
+    o.submitted_at := now;
+    o.updated_at := now;
+    CALL ledger.chain_event(o, events, now, 'submitted', o.principal, 'pending', 'submitted',
+        '{"effect_ref":' || ledger.jcs_string(effect_ref)
+        || ',"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(o.lease_expires_at)) || '}');
+END
+$$;
+
+CREATE FUNCTION ledger.sweep(tenant text, operation_id text, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    events := '[]';
+    op := ledger.lock_operation(tenant, operation_id);
+    db_now := clock_timestamp();
+    IF op.tenant_id IS NULL THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    CALL ledger.expire_if_due(op, events, db_now);
+    IF events = '[]' THEN
+        outcome := 'unchanged';
+        RETURN;
+    END IF;
+    PERFORM ledger.write_change(op, events);
+    outcome := 'expired';
+END
+$$;
+
+CREATE FUNCTION ledger.ts_text(t timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+$$;
+
+CREATE FUNCTION ledger.write_change(o ledger.operations, events jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE ledger.operations AS t SET
+        (status, attempt, claim_token_hash, client_nonce_hash, sealed_token, lease_seconds,
+         lease_expires_at, effect_ref, receipt, not_applied_reason, updated_at, submitted_at,
+         resolved_at, resolved_by, chain_seq, chain_hash)
+      = (o.status, o.attempt, o.claim_token_hash, o.client_nonce_hash, o.sealed_token, o.lease_seconds,
+         o.lease_expires_at, o.effect_ref, o.receipt, o.not_applied_reason, o.updated_at, o.submitted_at,
+         o.resolved_at, o.resolved_by, o.chain_seq, o.chain_hash)
+    WHERE t.tenant_id = o.tenant_id AND t.operation_id = o.operation_id;
+    IF jsonb_array_length(events) > 0 THEN
+        PERFORM ledger.append_events(o, events);
+    END IF;
 END
 $$;
 
@@ -138,43 +610,6 @@ CREATE TABLE ledger.events (
 
 ALTER TABLE ONLY ledger.events FORCE ROW LEVEL SECURITY;
 
-CREATE TABLE ledger.operations (
-    tenant_id text NOT NULL,
-    operation_id text NOT NULL,
-    principal text NOT NULL,
-    tool text NOT NULL,
-    tool_version text NOT NULL,
-    intent_digest text NOT NULL,
-    status text NOT NULL,
-    attempt integer NOT NULL,
-    claim_token_hash bytea NOT NULL,
-    client_nonce_hash bytea,
-    sealed_token bytea,
-    lease_seconds integer NOT NULL,
-    lease_expires_at timestamp with time zone,
-    effect_ref text,
-    receipt jsonb,
-    not_applied_reason jsonb,
-    created_at timestamp with time zone NOT NULL,
-    updated_at timestamp with time zone NOT NULL,
-    submitted_at timestamp with time zone,
-    resolved_at timestamp with time zone,
-    resolved_by text,
-    chain_seq integer DEFAULT 0 NOT NULL,
-    chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
-    CONSTRAINT operations_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT operations_chain_hash_check CHECK ((chain_hash ~ '^[0-9a-f]{64}$'::text)),
-    CONSTRAINT operations_chain_seq_check CHECK ((chain_seq >= 0)),
-    CONSTRAINT operations_check CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL))),
-    CONSTRAINT operations_check1 CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL))),
-    CONSTRAINT operations_intent_digest_check CHECK ((intent_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
-    CONSTRAINT operations_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 3600))),
-    CONSTRAINT operations_operation_id_check CHECK ((operation_id ~ '^[A-Za-z0-9._:~-]{1,200}$'::text)),
-    CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])))
-);
-
-ALTER TABLE ONLY ledger.operations FORCE ROW LEVEL SECURITY;
-
 ALTER TABLE ONLY diagnostics.access_log
     ADD CONSTRAINT access_log_pkey PRIMARY KEY (tenant_id, access_id);
 
@@ -242,11 +677,7 @@ GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
 GRANT USAGE ON SCHEMA tenancy TO effect_ledger_runtime;
 GRANT USAGE ON SCHEMA tenancy TO effect_ledger_diag_reader;
 
-REVOKE ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) FROM PUBLIC;
-GRANT ALL ON FUNCTION ledger.apply_change(p_tenant text, p_operation text, p_status text, p_attempt integer, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_effect_ref text, p_receipt jsonb, p_not_applied_reason jsonb, p_updated_at timestamp with time zone, p_submitted_at timestamp with time zone, p_resolved_at timestamp with time zone, p_resolved_by text, e_seq integer[], e_at timestamp with time zone[], e_kind text[], e_actor text[], e_from_status text[], e_to_status text[], e_attempt integer[], e_data jsonb[], e_prev_hash text[], e_hash text[], p_chain_seq integer, p_chain_hash text) TO effect_ledger_runtime;
-
-REVOKE ALL ON FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) FROM PUBLIC;
-GRANT ALL ON FUNCTION ledger.insert_first_attempt(p_tenant text, p_operation text, p_principal text, p_tool text, p_tool_version text, p_intent_digest text, p_claim_token_hash bytea, p_client_nonce_hash bytea, p_sealed_token bytea, p_lease_seconds integer, p_lease_expires_at timestamp with time zone, p_at timestamp with time zone, p_data jsonb, p_prev_hash text, p_hash text) TO effect_ledger_runtime;
+GRANT SELECT,INSERT,UPDATE ON TABLE ledger.operations TO effect_ledger_runtime;
 
 REVOKE ALL ON FUNCTION tenancy.bind_setting(name text, value text) FROM PUBLIC;
 GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_runtime;
@@ -259,5 +690,3 @@ GRANT INSERT ON TABLE diagnostics.incidents TO effect_ledger_runtime;
 GRANT SELECT ON TABLE diagnostics.incidents TO effect_ledger_diag_reader;
 
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
-
-GRANT SELECT,INSERT,UPDATE ON TABLE ledger.operations TO effect_ledger_runtime;

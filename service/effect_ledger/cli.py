@@ -67,22 +67,42 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         export_settings(ready)
         metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
         try:
-            uvicorn.run(
-                "effect_ledger.http.app:app_from_env",
-                factory=True,
-                host=ready.host,
-                port=ready.port,
-                workers=ready.workers if ready.workers > 1 else None,
-                log_level="warning",
-                log_config=None,  # uvicorn's records go through the JSON handler of configure_logging
-                access_log=False,  # the app logs one summary line per request itself
-                timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
-                lifespan="on",
-            )
+            if ready.http_server == "granian":
+                _serve_granian(ready)
+            else:
+                uvicorn.run(
+                    "effect_ledger.http.app:app_from_env",
+                    factory=True,
+                    host=ready.host,
+                    port=ready.port,
+                    workers=ready.workers if ready.workers > 1 else None,
+                    log_level="warning",
+                    log_config=None,  # uvicorn's records go through the JSON handler of configure_logging
+                    access_log=False,  # the app logs one summary line per request itself
+                    timeout_graceful_shutdown=ready.shutdown_timeout_seconds,
+                    lifespan="on",
+                )
         finally:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _serve_granian(ready: Settings) -> None:
+    """The same app under granian (a Rust HTTP server): workers are processes, lifespan on."""
+    from granian import Granian
+    from granian.constants import Interfaces
+
+    Granian(
+        "effect_ledger.http.app:app_from_env",
+        factory=True,
+        address=ready.host,
+        port=ready.port,
+        interface=Interfaces.ASGI,
+        workers=ready.workers,
+        log_enabled=False,  # the app logs one summary line per request itself, as JSON
+        workers_kill_timeout=ready.shutdown_timeout_seconds,
+    ).serve()
 
 
 @command("migrate")
@@ -124,18 +144,38 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     schema = sub.add_parser("schema", help="regenerate schema/ledger.sql and schema/openapi.json")
     schema.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
-    from effect_ledger.bench.command import add_bench_flags
-
-    add_bench_flags(sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit"))
+    bench = sub.add_parser("bench", help="measure effect cycles against the PostgreSQL limit")
+    bench_module = _bench_module()
+    if bench_module is not None:
+        bench_module.add_bench_flags(bench)
     return parser
+
+
+def _bench_module() -> Any:
+    """The bench's command module, imported by name: the bench lives outside the product's packages."""
+    import importlib
+
+    try:
+        return importlib.import_module("effect_ledger_bench.command")
+    except ModuleNotFoundError:
+        return None
+
+
+@command("bench")
+def bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the bench (package effect_ledger_bench, extra [bench]), or say how to install it."""
+    bench_module = _bench_module()
+    if bench_module is None:
+        print("effect-ledger bench is not installed: pip install 'effect-ledger[bench]'", file=sys.stderr)
+        return 2
+    return int(bench_module.bench_command(args, settings))
 
 
 def _register_commands() -> None:
     """Import the modules whose @command functions live outside this file."""
     import importlib
 
-    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.bench.command",
-               "effect_ledger.demo.command")
+    modules = ("effect_ledger.schema_cli", "effect_ledger.maintenance_cli", "effect_ledger.demo.command")
     for module in modules:
         importlib.import_module(module)
 

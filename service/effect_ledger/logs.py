@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Any
 
+import msgspec
 import structlog
 
 from effect_ledger.domain.redaction import redact_secrets
@@ -26,6 +27,15 @@ class _CurrentStdout:
 
 
 STDOUT: Any = _CurrentStdout()
+_ENCODER = msgspec.json.Encoder(enc_hook=repr)  # what msgspec cannot encode is logged as its repr()
+
+
+def _dumps(event: Any, **_: Any) -> str:
+    """JSON text of one event: msgspec (about ten times cheaper than the standard library's json)."""
+    return _ENCODER.encode(event).decode("utf-8")
+
+
+_RENDER = structlog.processors.JSONRenderer(serializer=_dumps)
 
 # Shared by structlog events and stdlib records, so both carry the same fields.
 _PRE_CHAIN: list[Any] = [
@@ -49,7 +59,7 @@ def configure_logging(level: str = "info") -> None:
     """Configure structlog and the stdlib root logger; safe to call again (the last call wins)."""
     numeric = level_number(level)
     structlog.configure(
-        processors=[*_PRE_CHAIN, redact_secrets, structlog.processors.JSONRenderer()],
+        processors=[*_PRE_CHAIN, redact_secrets, _RENDER],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(STDOUT),
         # Not cached: a later configure_logging (another app in the same process, as in tests)
@@ -62,7 +72,7 @@ def configure_logging(level: str = "info") -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 redact_secrets,
-                structlog.processors.JSONRenderer(),
+                _RENDER,
             ],
             foreign_pre_chain=[*_PRE_CHAIN, structlog.stdlib.add_logger_name],
         )

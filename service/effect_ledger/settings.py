@@ -22,6 +22,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1  # serve processes; each has its own pools
+    http_server: str = "uvicorn"  # the ASGI server `serve` runs: uvicorn or granian
     jwt_secret: str | None = None  # HS256 shared secret
     jwt_public_key_file: str | None = None  # PEM public key or JWKS file for RS256/ES256/EdDSA
     jwt_algorithm: str = "HS256"

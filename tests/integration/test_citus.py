@@ -12,10 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-import httpx
 import psycopg
 import pytest
-from ledger_flows import committed, submitted
+from ledger_flows import committed
 
 import citus_cluster
 from conftest import auth, runtime_connection
@@ -175,13 +174,22 @@ async def test_the_reader_role_sees_nothing_foreign_on_a_worker(db_url: str) -> 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "a" * 64
 HASH = "0" * 64
-FIRST_ATTEMPT = ("acme", "op-1", "exec-1", "t", "1", DIGEST, b"h", None, None, 30, NOW, NOW, "{}", HASH, HASH)
-# Sample arguments for each statement an executor's call runs (claim, submit, heartbeat, complete,
-# reads of its own operation, diagnostics it writes) but the two write functions (insert_first_attempt,
-# apply_change), whose statements the tests below follow to the workers.
+TOKEN_HASH = b"\x01" * 32
+RECEIPT_JCS = '{"external_ref":"r-1"}'
+# The write path's calls (migration 0005's functions, delegated to the tenant's worker by 0008), with
+# sample arguments, in the order an executor makes them.
+WRITE_CALLS: dict[str, tuple[Any, ...]] = {
+    "run_claim": ("acme", "op-1", "exec-1", "t", "1", DIGEST, 30, None, TOKEN_HASH, None, False, None),
+    "run_submit": ("acme", "op-1", TOKEN_HASH, "ref-1", None),
+    "run_heartbeat": ("acme", "op-1", TOKEN_HASH, 30),
+    "run_complete": ("acme", "op-1", "exec-1", TOKEN_HASH, "committed", RECEIPT_JCS, None, None),
+    "run_resolve": ("acme", "op-1", "rec-1", "committed", RECEIPT_JCS, None, '{"source":"x"}'),
+}
+# Sample arguments for every other statement an executor's call runs (reads of its own operation,
+# diagnostics it writes and reads), and the write calls themselves.
 EXECUTOR_STATEMENTS: dict[str, tuple[Any, ...]] = {
+    **WRITE_CALLS,
     "read_operation": ("acme", "op-1"),
-    "lock_operation": ("acme", "op-1"),
     "list_events": ("acme", "op-1"),
     "operation_chain": ("acme", "op-1"),
     "insert_incident": (
@@ -217,12 +225,17 @@ def _literal_sql(statement: str) -> str:
 
 
 def _explain(url: str, tenant: str, name: str, args: tuple[Any, ...]) -> str:
-    with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
-        cur.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', %s)", (tenant,))
+    """EXPLAIN as the service runs the statement: a write call alone in autocommit (it binds its tenant
+    itself), any other statement in a transaction bound to the tenant."""
+    write_call = name in WRITE_CALLS
+    with psycopg.connect(url, autocommit=write_call) as conn, psycopg.ClientCursor(conn) as cur:
+        if not write_call:
+            cur.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', %s)", (tenant,))
         params = {f"p{i}": psycopg.types.json.Jsonb({}) if v == "{}" else v for i, v in enumerate(args, 1)}
         cur.execute("EXPLAIN (COSTS OFF) " + _literal_sql(sql(name)), params)
         plan = "\n".join(row[0] for row in cur.fetchall())
-        conn.rollback()
+        if not write_call:
+            conn.rollback()
     return plan
 
 
@@ -251,60 +264,22 @@ def _servers(messages: list[str]) -> set[str]:
     return {m for msg in messages for m in re.findall(r"on server \S+@(\S+) connectionId", msg)}
 
 
-async def test_a_transition_write_goes_to_one_worker(
-    remote_log: tuple[asyncpg.Connection, list[str]], client: httpx.AsyncClient
+async def test_each_write_call_is_one_command_to_one_worker(
+    remote_log: tuple[asyncpg.Connection, list[str]],
 ) -> None:
     conn, messages = remote_log
-    await submitted(client, "op-w", tenant="acme")
+    for name in ("run_claim", "run_submit", "run_heartbeat", "run_complete"):
+        messages.clear()
+        row = await conn.fetchrow(sql(name), *WRITE_CALLS[name])  # autocommit, as the service calls
+        assert row["outcome"] in ("created", "submitted", "extended", "completed"), (name, row["outcome"])
+        sent = [m for m in messages if "issuing" in m]
+        # the function call itself, sent whole to the worker that holds the tenant's shards
+        assert len(sent) == 1 and "FROM ledger." in sent[0], sent
+        assert len(_servers(sent)) == 1, sent
     async with conn.transaction():
         await _bind(conn, "acme")
-        row = await conn.fetchrow(sql("lock_operation"), "acme", "op-w")
-        messages.clear()
-        await conn.execute(
-            sql("apply_change"),
-            "acme",
-            "op-w",
-            "committed",
-            row["attempt"],
-            row["claim_token_hash"],
-            None,
-            None,
-            30,
-            None,
-            "ref",
-            '{"external_ref": "r"}',
-            None,
-            NOW,
-            NOW,
-            NOW,
-            "exec-1",
-            [row["chain_seq"] + 1],
-            [NOW],
-            ["completed"],
-            ["exec-1"],
-            ["submitted"],
-            ["committed"],
-            [row["attempt"]],
-            ["{}"],
-            [row["chain_hash"]],
-            ["1" * 64],
-            row["chain_seq"] + 1,
-            "1" * 64,
-        )
-        sent = [m for m in messages if "issuing" in m]
-        shards = set(re.findall(r"ledger\.(?:operations|events)_(\d+)", " ".join(sent)))
-    assert len(_servers(sent)) == 1, sent
-    assert len(shards) == 2, sent  # one shard of operations and the co-located one of events
-
-
-async def test_a_first_claim_goes_to_one_worker(remote_log: tuple[asyncpg.Connection, list[str]]) -> None:
-    conn, messages = remote_log
-    async with conn.transaction():
-        await _bind(conn, "acme")
-        messages.clear()
-        assert await conn.fetchval(sql("insert_first_attempt"), *FIRST_ATTEMPT) == 1
-        sent = [m for m in messages if "issuing" in m]
-    assert len(_servers(sent)) == 1, sent
+        kinds = [r["kind"] for r in await conn.fetch(sql("list_events"), "acme", "op-1")]
+    assert kinds == ["claimed", "submitted", "completed"]  # a heartbeat appends no event
 
 
 # --- the helpers later migrations call -------------------------------------------------------------
@@ -321,7 +296,7 @@ CREATE FUNCTION scratch.count_notes(p_tenant text) RETURNS bigint LANGUAGE sql
 def _helpers() -> None:
     distribute_by_tenant("scratch.notes")
     reference_tables("scratch.kinds")
-    distribute_functions("scratch.count_notes(text)")
+    distribute_functions("scratch.count_notes(text)", tenant_argument="p_tenant", force_delegation=True)
 
 
 async def test_migration_helpers_distribute_tables_and_functions_by_tenant(db_url: str) -> None:

@@ -254,3 +254,24 @@ async def test_the_body_never_runs_twice_for_one_id_across_200_concurrent_calls(
         for op in ids:
             view = await ledger.get_operation(op)
             assert view.status == "committed" and view.attempt == 1
+
+
+async def test_send_at_once_claims_and_submits_in_one_call(service: Service) -> None:
+    transport = CountingTransport()
+    async with client_for(service, transport=transport) as ledger:
+        async with ledger.effect("op-once", **TOOL, send_at_once=True, effect_ref="req-9") as effect:
+            assert effect.is_submitted and effect.operation is not None
+            assert (effect.operation.status, effect.operation.effect_ref) == ("submitted", "req-9")
+            await effect.submitted(effect_ref="req-9")  # already submitted by the claim: no call
+            effect.commit(Receipt(external_ref="m-9"))
+        assert effect.operation is not None and effect.operation.status == "committed"
+        assert transport.calls == Counter({"claim": 1, "complete": 1})
+        events = await ledger.events("op-once")
+        assert [(e.kind, e.to_status) for e in events] == [
+            ("claimed", "pending"), ("submitted", "submitted"), ("completed", "committed")
+        ]
+        with pytest.raises(RuntimeError, match="lost"):
+            async with ledger.effect("op-once-2", **TOOL, send_at_once=True, effect_ref="req-10"):
+                raise RuntimeError("connection lost after sending")
+        lost = await ledger.get_operation("op-once-2")
+        assert lost.status == "unknown"  # submitted by the claim: never not_applied

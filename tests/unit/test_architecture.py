@@ -11,6 +11,7 @@ from effect_ledger.db.catalogue import parse_catalogue, queries
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "service" / "effect_ledger"
+BENCH = ROOT / "service" / "effect_ledger_bench"
 
 
 def test_layering_contracts_hold() -> None:
@@ -33,10 +34,24 @@ def test_every_named_query_used_in_code_exists_and_none_is_defined_twice() -> No
     assert used, "the catalogue is used"
 
 
+def test_the_bench_keeps_its_statements_in_its_own_catalogue() -> None:
+    from effect_ledger_bench.catalogue import bench_queries
+
+    own = set(bench_queries())
+    assert own and all(name.startswith("bench_") for name in own)
+    assert not any(name.startswith("bench_") for name in queries()), "bench SQL belongs to the bench"
+    used = set()
+    for path in BENCH.rglob("*.py"):
+        used |= set(re.findall(r"""\bsql\(\s*["']([a-z_]+)["']\s*\)""", path.read_text()))
+    assert used - own - set(queries()) == set()
+    assert own <= used, "every bench statement is used"
+
+
 def test_every_query_has_a_purpose_line() -> None:
-    text = (PACKAGE / "db" / "queries.sql").read_text()
-    for match in re.finditer(r"^-- name: ([a-z_]+)\s*\n(.*)$", text, re.MULTILINE):
-        assert match.group(2).startswith("-- "), f"query {match.group(1)} lacks a one-line purpose"
+    for catalogue in (PACKAGE / "db" / "queries.sql", BENCH / "queries.sql"):
+        text = catalogue.read_text()
+        for match in re.finditer(r"^-- name: ([a-z_]+)\s*\n(.*)$", text, re.MULTILINE):
+            assert match.group(2).startswith("-- "), f"query {match.group(1)} lacks a one-line purpose"
 
 
 def test_catalogue_parser_rejects_duplicates() -> None:
@@ -52,7 +67,7 @@ def test_catalogue_parser_rejects_duplicates() -> None:
 def test_no_sql_is_built_by_string_formatting_outside_the_catalogue() -> None:
     offenders = []
     pattern = re.compile(r"""f["'](?:SELECT|INSERT|UPDATE|DELETE|WITH)\b""", re.IGNORECASE)
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *BENCH.rglob("*.py")]:
         if pattern.search(path.read_text()):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []

@@ -15,8 +15,7 @@ from effect_ledger.domain.claims import (
     first_attempt,
     next_attempt,
 )
-from effect_ledger.domain.errors import LedgerError
-from effect_ledger.domain.model import Binding, Operation, operation_view
+from effect_ledger.domain.model import Binding, Decision, Operation, operation_view
 from effect_ledger.domain.tokens import decode_token, encode_token, nonce_hash, seal, token_hash, unseal
 from effect_ledger.domain.transitions import (
     Report,
@@ -45,9 +44,11 @@ def op(status: str = "pending", lease: float | None = 10, **changes: object) -> 
 
 
 def code_of(fn: object, *args: object) -> str:
-    with pytest.raises(LedgerError) as caught:
-        fn(*args)  # type: ignore[operator]
-    return caught.value.code
+    """The code of the refusal a decision returns (refusals are values, never raised)."""
+    decision = fn(*args)  # type: ignore[operator]
+    assert isinstance(decision, Decision) and decision.refusal is not None
+    assert decision.outcome == decision.refusal.code
+    return decision.refusal.code
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def code_of(fn: object, *args: object) -> str:
     ],
 )
 def test_claim_verdicts(status: str, lease: float | None, verdict: str) -> None:
-    assert decide_claim(op(status, lease), request()) == verdict
+    assert decide_claim(op(status, lease), request()).outcome == verdict
 
 
 @pytest.mark.parametrize(
@@ -78,22 +79,20 @@ def test_claim_refusals(status: str, lease: float | None, code: str) -> None:
 
 def test_binding_is_checked_before_state_and_names_fields() -> None:
     other = Binding("exec-2", "measure", "2.1.0", "sha256:" + "b" * 64)
-    with pytest.raises(LedgerError) as caught:
-        decide_claim(op("committed", None), request(other))
-    assert caught.value.code == "intent_conflict"
-    assert caught.value.extensions["mismatched"] == ["principal", "intent_digest"]
+    refusal = decide_claim(op("committed", None), request(other)).refusal
+    assert refusal is not None and refusal.code == "intent_conflict"
+    assert refusal.extensions["mismatched"] == ["principal", "intent_digest"]
 
 
 def test_retry_after_rounds_up_and_is_at_least_one() -> None:
-    with pytest.raises(LedgerError) as caught:
-        decide_claim(op("pending", 2.2), request())
-    assert caught.value.retry_after == 3
+    refusal = decide_claim(op("pending", 2.2), request()).refusal
+    assert refusal is not None and refusal.retry_after == 3
     assert op("pending", 0.001).retry_after_seconds() == 1
 
 
 def test_nonce_replay_only_with_the_same_nonce() -> None:
     held = op("pending", 10, client_nonce_hash=nonce_hash("n" * 16))
-    assert decide_claim(held, request(nonce="n" * 16)) == "replay"
+    assert decide_claim(held, request(nonce="n" * 16)).outcome == "replay"
     assert code_of(decide_claim, held, request(nonce="m" * 16)) == "operation_in_progress"
 
 
@@ -115,16 +114,16 @@ def test_next_attempt_resets_outcome_and_increments() -> None:
 
 def test_submit_heartbeat_and_fencing() -> None:
     assert code_of(decide_submit, op(), encode_token(b"\x09" * 32), None, None) == "stale_claim"
-    change = decide_submit(op(), TOKEN, "ref", None)
+    change = decide_submit(op(), TOKEN, "ref", None).change
     assert change.state is not None and change.state.status == "submitted"
-    assert decide_submit(change.state, TOKEN, "ref", None).state is None  # repeat: nothing changes
-    assert decide_submit(change.state, TOKEN, None, None).state is None
+    assert decide_submit(change.state, TOKEN, "ref", None).change.state is None  # repeat: nothing changes
+    assert decide_submit(change.state, TOKEN, None, None).change.state is None
     assert (
         code_of(decide_submit, op("committed", None, receipt=RECEIPT), TOKEN, None, None)
         == "invalid_transition"
     )
     assert code_of(decide_heartbeat, op("submitted", -1), TOKEN, 30) == "outcome_unknown"
-    beat = decide_heartbeat(op("pending", -1), TOKEN, 60)  # not yet reclaimed: the token is still current
+    beat = decide_heartbeat(op("pending", -1), TOKEN, 60).change  # not yet reclaimed: the token is still current
     assert beat.state is not None and beat.state.lease_expires_at == NOW + timedelta(seconds=60)
     assert beat.events == ()
 
@@ -138,7 +137,7 @@ def test_complete_rules() -> None:
     conflict = decide_complete(
         committed, "exec-1", TOKEN, Report("committed", {**RECEIPT, "external_ref": "y"})
     )
-    assert conflict.error is not None and conflict.error.code == "conflicting_outcome"
+    assert conflict.refusal is not None and conflict.refusal.code == "conflicting_outcome"
     assert conflict.change.state is None and [e.kind for e in conflict.change.events] == ["discrepancy"]
 
 
@@ -179,10 +178,13 @@ def test_view_reports_expired_submitted_as_unknown() -> None:
 
 def test_tokens_seal_round_trip_and_are_bound_to_the_attempt() -> None:
     raw = b"\x07" * 32
-    sealed = seal(raw, "nonce-0123456789", "t1", "op", 3)
-    assert sealed != raw
-    assert unseal(sealed, "nonce-0123456789", "t1", "op", 3) == raw
-    assert unseal(sealed, "nonce-0123456789", "t1", "op", 4) != raw
+    sealed = seal(raw, "nonce-0123456789", "t1", "op", b"\x03" * 16)  # each attempt seals with its own salt
+    assert raw not in sealed
+    assert unseal(sealed, "nonce-0123456789", "t1", "op") == raw
+    resealed = seal(raw, "nonce-0123456789", "t1", "op", b"\x04" * 16)  # another attempt: another pad
+    assert resealed[16:] != sealed[16:] and unseal(resealed, "nonce-0123456789", "t1", "op") == raw
+    assert unseal(sealed, "nonce-9876543210", "t1", "op") != raw  # only the nonce's holder can unseal
+    assert unseal(sealed, "nonce-0123456789", "t2", "op") != raw
     assert decode_token(encode_token(raw)) == raw
     assert decode_token("clt_short") is None
 

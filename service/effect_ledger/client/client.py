@@ -147,11 +147,18 @@ class LedgerClient:
         intent_digest: str | None = None,
         lease_seconds: int | None = None,
         client_nonce: str | None = None,
+        submit: bool = False,
+        effect_ref: str | None = None,
         retry: RetryPolicy | None = None,
     ) -> ClaimResult:
-        """Claim an operation ID; a client_nonce is always sent, so a lost answer is replayed, not refused."""
+        """Claim an operation ID; a client_nonce is always sent, so a lost answer is replayed, not refused.
+
+        With `submit`, a granted attempt is submitted in the same call (with `effect_ref`): for an
+        executor that sends the effect right after its claim (API.md section 6)."""
         body: dict[str, Any] = {"tool": tool, "tool_version": tool_version,
                                 "client_nonce": client_nonce or new_client_nonce()}
+        if submit:
+            body["submit"] = {"effect_ref": effect_ref}
         if intent is not _NO_INTENT:
             body["intent"] = intent
         if intent_digest is not None:
@@ -218,13 +225,22 @@ class LedgerClient:
         intent: Any = _NO_INTENT,
         intent_digest: str | None = None,
         lease_seconds: int = 30,
+        send_at_once: bool = False,
+        effect_ref: str | None = None,
     ) -> Effect:
-        """The executor helper: `async with client.effect(...) as effect:` (see client/executor.py)."""
+        """The executor helper: `async with client.effect(...) as effect:` (see client/executor.py).
+
+        `send_at_once=True` (with the `effect_ref` the effect will carry) claims and submits in one call:
+        for a body that sends the effect first thing. The block then starts submitted, so leaving it
+        without an outcome records unknown, never not_applied."""
         from effect_ledger.client.executor import Effect
 
         claim_body: dict[str, Any] = {
             "tool": tool, "tool_version": tool_version, "lease_seconds": lease_seconds,
         }
+        if send_at_once:
+            claim_body["submit"] = True
+            claim_body["effect_ref"] = effect_ref
         if intent is not _NO_INTENT:
             claim_body["intent"] = intent
         if intent_digest is not None:

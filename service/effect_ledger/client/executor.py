@@ -8,6 +8,9 @@
 
 Leaving the block with an exception before `submitted` records not_applied; after it, unknown (with
 diagnostics), because the effect may have applied. A live claim is kept by background heartbeats.
+
+An executor that sends the effect first thing saves a call with `client.effect(..., send_at_once=True,
+effect_ref=request_id)`: the claim submits in the same transaction, and the block starts submitted.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ class Effect:
         self.claim = result.claim
         if self.claim is None:
             raise EffectUsageError("the ledger answered execute without a claim")
+        if result.operation.status == "submitted":
+            # claim-and-submit (send_at_once): the claim itself submitted, so the effect may be sent now
+            self._submitted_at = time.monotonic()
+            self._effect_ref = result.operation.effect_ref
         self._heartbeat = asyncio.create_task(
             self._keep_lease(), name=f"effect-ledger heartbeat {self.operation_id}"
         )

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import structlog
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.ledger import Ledger, transition
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.domain.diagnostics import Incident, incident_view, new_access_id
-from effect_ledger.domain.errors import DatabaseUnavailable, not_found, validation_failed
-from effect_ledger.domain.model import UNKNOWN, Operation
-from effect_ledger.domain.transitions import Decision
+from effect_ledger.domain.errors import DatabaseUnavailable, not_found
 from effect_ledger.settings import Settings
 
 log = structlog.get_logger("effect_ledger.diagnostics")
@@ -63,36 +60,6 @@ async def read_incident(
             sql("append_access_log"), tenant, new_access_id(), db_now, incident_id, principal, purpose
         )
     return incident_view(row)
-
-
-async def complete_with_incident(
-    ledger: Ledger,
-    tenant: str,
-    operation_id: str,
-    decide: Callable[[Operation], Decision],
-    incident: Incident,
-) -> tuple[Operation, str | None]:
-    """A complete(unknown) transition that stores its diagnostics in the same transaction.
-
-    The incident is stored when the decided change records the report (its event carries the
-    reference); a repeat that changes nothing answers with the reference stored the first time.
-    """
-    reference: str | None = None
-
-    async def store(conn: asyncpg.Connection, op: Operation, decision: Decision) -> None:
-        nonlocal reference
-        if incident.attempt is not None and incident.attempt != op.attempt:
-            raise validation_failed([("diagnostics.attempt", "is not the operation's current attempt")])
-        if any(event.data.get("incident") == incident.incident_id for event in decision.change.events):
-            await insert_incident(conn, replace(incident, attempt=op.attempt))
-            reference = incident.incident_id
-        elif op.effective_status == UNKNOWN:
-            reference = await conn.fetchval(
-                sql("outcome_incident_reference"), tenant, operation_id, op.attempt
-            )
-
-    op = await transition(ledger, tenant, operation_id, decide, "complete", extra_writes=store)
-    return op, reference
 
 
 class IncidentRecorder:

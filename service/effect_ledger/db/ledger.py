@@ -1,35 +1,52 @@
-"""Repository functions of the ledger: each runs one tenant transaction around a pure domain decision."""
+"""The write path: each command runs as one server-side function call, one round trip (migration 0005).
+
+Every call below is exactly one statement in autocommit on a pooled connection: the database function
+binds the tenant for its own transaction, locks and reads the row, applies the guards, writes the
+state and the hash-chained events, and returns the outcome with the row after it. What the answer
+says comes from the domain: a refusal is rebuilt by the pure decision (domain/claims.py,
+domain/transitions.py) from the row the function returns, and must name the code the function
+reported (tests/integration/test_write_path_rules.py compares both over every case).
+
+Round trips per call (counted by tests/integration/test_round_trips.py): claim 1, claim with submit 1,
+submit 1, heartbeat 1, complete 1 (also with diagnostics), resolve 1. Reads (get_operation,
+list_events) keep their tenant transaction: 4 round trips.
+"""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import asyncpg
+import structlog
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.pools import tenant_tx
-from effect_ledger.domain.chain import GENESIS_HASH, event_hash
-from effect_ledger.domain.claims import (
-    AttemptMaterial,
-    ClaimRequest,
-    claim_event,
-    decide_claim,
-    first_attempt,
-    next_attempt,
+from effect_ledger.db.pools import run_statement, tenant_tx
+from effect_ledger.domain.canonical import canonical_json
+from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest, decide_claim
+from effect_ledger.domain.diagnostics import Incident
+from effect_ledger.domain.errors import (
+    PROBLEMS,
+    DatabaseUnavailable,
+    LedgerError,
+    Refusal,
+    not_found,
+    validation_failed,
 )
-from effect_ledger.domain.errors import DatabaseUnavailable, LedgerError, not_found
-from effect_ledger.domain.model import Binding, Change, EventDraft, Operation
-from effect_ledger.domain.timefmt import format_ts, to_ms
-from effect_ledger.domain.tokens import TOKEN_BYTES, encode_token, seal, token_hash, unseal
-from effect_ledger.domain.transitions import Decision
+from effect_ledger.domain.model import Binding, Decision, EventDraft, Operation
+from effect_ledger.domain.timefmt import format_ts
+from effect_ledger.domain.tokens import SALT_BYTES, TOKEN_BYTES, encode_token, seal, token_hash, unseal
+from effect_ledger.domain.transitions import (
+    Report,
+    decide_complete,
+    decide_heartbeat,
+    decide_resolve,
+    decide_submit,
+)
 
-# Writes that must commit with a transition (e.g. complete's incident); run after the change is
-# applied, inside the same transaction, and only when the decision is not a refusal.
-ExtraWrites = Callable[[asyncpg.Connection, Operation, Decision], Awaitable[None]]
+log = structlog.get_logger("effect_ledger.ledger")
 
 
 class LedgerObserver(Protocol):
@@ -58,13 +75,25 @@ class Ledger:
 
 
 @dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one write-path call did: the operation after it, or the refusal; the events it appended."""
+
+    outcome: str
+    operation: Operation | None
+    refusal: Refusal | None = None
+    events: tuple[EventDraft, ...] = ()
+    incident: str | None = None  # complete(unknown) with diagnostics: the incident holding them
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
     """What a claim got: the verdict, the operation after it, and the claim token when one is granted."""
 
-    verdict: str  # created | new_attempt | replay | reuse_receipt
+    verdict: str  # created | new_attempt | replay | reuse_receipt | a refusal code
     operation: Operation
     token: str | None
     events: tuple[EventDraft, ...] = ()  # what the claim appended
+    refusal: Refusal | None = None
 
 
 def row_to_operation(row: Mapping[str, Any]) -> Operation:
@@ -93,159 +122,150 @@ def row_to_operation(row: Mapping[str, Any]) -> Operation:
     )
 
 
-def _new_material(
-    tenant: str, operation_id: str, attempt: int, nonce: str | None
-) -> tuple[str, AttemptMaterial]:
+def returned_events(row: Mapping[str, Any]) -> tuple[EventDraft, ...]:
+    """The events a write-path function appended, as it returns them."""
+    return tuple(
+        EventDraft(e["kind"], e["actor"], e["from_status"], e["to_status"], e["attempt"], e["data"])
+        for e in row["events"] or ()
+    )
+
+
+def _jcs(value: Any) -> str | None:
+    """A client-supplied part of an event's data in JCS text (the database hashes it as given)."""
+    return None if value is None else canonical_json(value).decode("utf-8")
+
+
+class RulesDisagree(Exception):
+    """The database function and the domain decided one case differently: a defect, answered 500."""
+
+
+def _settle(
+    ledger: Ledger, call: str, row: Mapping[str, Any], decide: Callable[[Operation], Decision],
+    *, observed_as_verdict: bool = False,
+) -> Outcome:
+    """The answer to a write-path call from the function's outcome and row; refusals from the domain.
+    The observer hears the operation's status afterwards (claims: the verdict) or the refusal's code."""
+    code: str = row["outcome"]
+    if code == "not_found":
+        ledger.observer.observe(call, "not_found", ())
+        return Outcome(code, None, Refusal("not_found", "No such operation."))
+    op, events = row_to_operation(row), returned_events(row)
+    if code not in PROBLEMS:
+        ledger.observer.observe(call, code if observed_as_verdict else op.effective_status, events)
+        return Outcome(code, op, None, events)
+    refusal = decide(op).refusal
+    if refusal is None or refusal.code != code:
+        domain = None if refusal is None else refusal.code
+        log.error("rules_disagree", call=call, database=code, domain=domain)
+        raise RulesDisagree(call)
+    ledger.observer.observe(call, refusal.code, events)  # a recorded refusal (discrepancy) has events
+    return Outcome(code, op, refusal, events)
+
+
+async def _call(ledger: Ledger, call: str, query: str, *args: Any) -> Mapping[str, Any]:
+    """Run one write-path function: one statement, one round trip; failures are counted, then raised."""
+    try:
+        row = await run_statement(ledger.pool, ledger.acquire_timeout, call, sql(query), *args)
+    except LedgerError as exc:  # e.g. a value PostgreSQL cannot store (U+0000): 422
+        ledger.observer.observe(call, exc.code, ())
+        raise
+    assert row is not None  # the functions always return one row
+    return dict(row.items())
+
+
+def new_material(tenant: str, operation_id: str, nonce: str | None) -> tuple[str, AttemptMaterial]:
+    """A fresh claim token and what is stored of it: its hash and, with a nonce, its sealed form."""
     raw = secrets.token_bytes(TOKEN_BYTES)
     token = encode_token(raw)
-    sealed = seal(raw, nonce, tenant, operation_id, attempt) if nonce is not None else None
+    sealed = None
+    if nonce is not None:
+        sealed = seal(raw, nonce, tenant, operation_id, secrets.token_bytes(SALT_BYTES))
     return token, AttemptMaterial(token_hash(token), sealed)
 
 
-def _event_columns(op: Operation, change: Change) -> list[list[Any]]:
-    """Number and hash the change's events onto the chain head that was read under the row lock."""
-    columns: list[list[Any]] = [[] for _ in range(10)]
-    prev, seq, at = op.last_hash, op.last_seq, to_ms(op.now)
-    for draft in change.events:
-        seq += 1
-        content = {
-            "operation_id": op.operation_id, "seq": seq, "at": format_ts(at), "kind": draft.kind,
-            "actor": draft.actor, "from_status": draft.from_status, "to_status": draft.to_status,
-            "attempt": draft.attempt, "data": draft.data,
-        }
-        digest = event_hash(prev, content)
-        row = [seq, at, draft.kind, draft.actor, draft.from_status, draft.to_status, draft.attempt,
-               draft.data, prev, digest]
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-        prev = digest
-    return columns
-
-
-async def lock_for_change(conn: asyncpg.Connection, tenant: str, operation_id: str) -> asyncpg.Record | None:
-    """Lock the operation row and read it, chain head and clock included, in one statement."""
-    row: asyncpg.Record | None = await conn.fetchrow(sql("lock_operation"), tenant, operation_id)
-    return row
-
-
-async def apply_change(conn: asyncpg.Connection, tenant: str, op: Operation, change: Change) -> None:
-    """Write a decided change (state and events) in one statement; nothing to write, no round trip."""
-    if change.state is None and not change.events:
-        return
-    s = change.state or op
-    events = _event_columns(op, change)
-    head_seq = events[0][-1] if change.events else op.last_seq
-    head_hash = events[9][-1] if change.events else op.last_hash
-    await conn.execute(
-        sql("apply_change"), tenant, op.operation_id,
-        s.status, s.attempt, s.claim_token_hash, s.client_nonce_hash, s.sealed_token, s.lease_seconds,
-        s.lease_expires_at, s.effect_ref, s.receipt, s.not_applied_reason, s.updated_at, s.submitted_at,
-        s.resolved_at, s.resolved_by, *events, head_seq, head_hash,
-    )
-
-
 async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    """Claim an operation ID: insert-or-learn-who-won, then the claim table of API.md section 6."""
-    try:
-        result = await _claim(ledger, tenant, req, nonce)
-    except LedgerError as exc:
-        ledger.observer.observe("claim", exc.code, ())
-        raise
-    ledger.observer.observe("claim", result.verdict, result.events)
-    return result
-
-
-class _Vanished(Exception):
-    """The row our insert conflicted with was purged before we could read it: insert again."""
-
-
-async def _claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    for _ in range(3):
-        try:
-            return await _claim_once(ledger, tenant, req, nonce)
-        except _Vanished:
-            continue
-    raise DatabaseUnavailable("claim", "OperationVanished")
-
-
-async def _claim_once(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "claim") as (conn, db_now):
-        created = await _insert_first_attempt(conn, tenant, req, nonce, db_now)
-        if created is not None:
-            return created
-        row = await conn.fetchrow(sql("read_operation"), tenant, req.operation_id)
-        if row is None:
-            raise _Vanished
-        op = row_to_operation(row)
-        verdict = decide_claim(op, req)
-        if verdict == "new_attempt":
-            # decide again under the row lock: someone may have moved it since the unlocked read
-            locked = await lock_for_change(conn, tenant, req.operation_id)
-            if locked is None:
-                raise _Vanished
-            op = row_to_operation(locked)
-            verdict = decide_claim(op, req)
-        if verdict == "reuse_receipt":
-            return ClaimResult(verdict, op, None)
-        if verdict == "replay":
-            assert nonce is not None and op.sealed_token is not None
-            raw = unseal(op.sealed_token, nonce, tenant, op.operation_id, op.attempt)
-            return ClaimResult(verdict, op, encode_token(raw))
-        token, material = _new_material(tenant, req.operation_id, op.attempt + 1, nonce)
-        change = next_attempt(op, req, material)
-        await apply_change(conn, tenant, op, change)
-        assert change.state is not None
-        return ClaimResult("new_attempt", change.state, token, change.events)
-
-
-async def _insert_first_attempt(
-    conn: asyncpg.Connection, tenant: str, req: ClaimRequest, nonce: str | None, db_now: datetime
-) -> ClaimResult | None:
-    """Insert attempt 1 with its `claimed` event; None when the ID already exists (someone else won)."""
-    token, material = _new_material(tenant, req.operation_id, 1, nonce)
-    fresh = first_attempt(req, material, db_now)  # chain head: genesis, so seq 1 is numbered onto it
-    event = claim_event(fresh)
-    digest = _event_columns(fresh, Change(None, (event,)))[9][0]
+    """Claim an operation ID (API.md section 6), submitting too when `req.submit`. One round trip."""
+    token, material = new_material(tenant, req.operation_id, nonce)
     b = req.binding
-    inserted = await conn.fetchval(
-        sql("insert_first_attempt"), tenant, req.operation_id, b.principal, b.tool, b.tool_version,
-        b.intent_digest, material.token_hash, req.nonce_hash, material.sealed_token, req.lease_seconds,
-        fresh.lease_expires_at, fresh.created_at, event.data, GENESIS_HASH, digest,
+    row = await _call(
+        ledger, "claim", "run_claim", tenant, req.operation_id, b.principal, b.tool, b.tool_version,
+        b.intent_digest, req.lease_seconds, req.nonce_hash, material.token_hash, material.sealed_token,
+        req.submit, req.effect_ref,
     )
-    if inserted is None:
-        return None
-    # what the row now holds: the chain head moved to the `claimed` event
-    return ClaimResult("created", replace(fresh, last_seq=1, last_hash=digest), token, (event,))
+    verdict: str = row["outcome"]
+    if verdict == "vanished":  # purged three times between our insert and our read: give up, retryable
+        raise DatabaseUnavailable("claim", "OperationVanished")
+    outcome = _settle(ledger, "claim", row, lambda op: decide_claim(op, req), observed_as_verdict=True)
+    assert outcome.operation is not None
+    op = outcome.operation
+    if verdict in ("created", "new_attempt"):
+        return ClaimResult(verdict, op, token, outcome.events)
+    if verdict == "replay":
+        assert nonce is not None and op.sealed_token is not None
+        return ClaimResult(verdict, op, encode_token(unseal(op.sealed_token, nonce, tenant, op.operation_id)))
+    return ClaimResult(verdict, op, None, refusal=outcome.refusal)
 
 
-async def transition(
-    ledger: Ledger, tenant: str, operation_id: str, decide: Callable[[Operation], Decision], phase: str,
-    *, extra_writes: ExtraWrites | None = None,
-) -> Operation:
-    """Lock the operation, decide, write the change; a recorded refusal is raised after the commit."""
-    try:
-        async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, phase) as (conn, _):
-            row = await lock_for_change(conn, tenant, operation_id)
-            if row is None:
-                raise not_found()
-            op = row_to_operation(row)
-            decision = decide(op)
-            await apply_change(conn, tenant, op, decision.change)
-            if extra_writes is not None and decision.error is None:
-                await extra_writes(conn, op, decision)
-    except LedgerError as exc:
-        ledger.observer.observe(phase, exc.code, ())
-        raise
-    after = decision.change.state or op
-    outcome = after.effective_status if decision.error is None else decision.error.code
-    ledger.observer.observe(phase, outcome, decision.change.events)
-    if decision.error is not None:
-        raise decision.error
-    return after
+async def submit(
+    ledger: Ledger, tenant: str, operation_id: str, token: str, effect_ref: str | None,
+    lease_seconds: int | None,
+) -> Outcome:
+    """pending -> submitted (a repeat while submitted changes nothing). One round trip."""
+    row = await _call(
+        ledger, "submit", "run_submit", tenant, operation_id, token_hash(token), effect_ref, lease_seconds
+    )
+    return _settle(ledger, "submit", row, lambda op: decide_submit(op, token, effect_ref, lease_seconds))
+
+
+async def heartbeat(
+    ledger: Ledger, tenant: str, operation_id: str, token: str, lease_seconds: int | None
+) -> Outcome:
+    """Extend the current attempt's lease to database now + lease_seconds. One round trip."""
+    row = await _call(
+        ledger, "heartbeat", "run_heartbeat", tenant, operation_id, token_hash(token), lease_seconds
+    )
+    return _settle(ledger, "heartbeat", row, lambda op: decide_heartbeat(op, token, lease_seconds))
+
+
+def _incident_record(incident: Incident) -> dict[str, Any]:
+    """The incident as the function's jsonb argument (it inserts it when the report is recorded)."""
+    record = asdict(incident)
+    record["created_at"] = None if incident.created_at is None else incident.created_at.isoformat()
+    return record
+
+
+async def complete(
+    ledger: Ledger, tenant: str, operation_id: str, actor: str, token: str, report: Report,
+    incident: Incident | None = None,
+) -> Outcome:
+    """Record committed, not_applied or unknown; with diagnostics (complete(unknown)) the incident is
+    stored in the same transaction, and a repeat answers with the one stored first. One round trip."""
+    row = await _call(
+        ledger, "complete", "run_complete", tenant, operation_id, actor, token_hash(token), report.outcome,
+        _jcs(report.receipt), _jcs(report.reason), None if incident is None else _incident_record(incident),
+    )
+    if row["outcome"] == "validation_failed":
+        refusal = validation_failed([("diagnostics.attempt", "is not the operation's current attempt")])
+        ledger.observer.observe("complete", refusal.code, ())
+        return Outcome(refusal.code, None, Refusal(refusal.code, refusal.detail, refusal.extensions))
+    outcome = _settle(ledger, "complete", row, lambda op: decide_complete(op, actor, token, report))
+    if incident is None or outcome.refusal is not None:
+        return outcome
+    return Outcome(outcome.outcome, outcome.operation, None, outcome.events, row["incident_ref"])
+
+
+async def resolve(ledger: Ledger, tenant: str, operation_id: str, actor: str, report: Report) -> Outcome:
+    """A reconciler's verdict on an unknown operation (or an unresolved look-up). One round trip."""
+    row = await _call(
+        ledger, "resolve", "run_resolve", tenant, operation_id, actor, report.outcome, _jcs(report.receipt),
+        _jcs(report.reason), _jcs(report.evidence),
+    )
+    return _settle(ledger, "resolve", row, lambda op: decide_resolve(op, actor, report))
 
 
 async def get_operation(ledger: Ledger, tenant: str, operation_id: str) -> Operation:
-    """One operation of the tenant, or not_found (also for another tenant's)."""
+    """One operation of the tenant, or not_found (also for another tenant's). Four round trips
+    (BEGIN, tenant binding, read, COMMIT): reads are not on the write path."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "read") as (conn, _):
         row = await conn.fetchrow(sql("read_operation"), tenant, operation_id)
     if row is None:
@@ -263,7 +283,8 @@ def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def list_events(ledger: Ledger, tenant: str, operation_id: str) -> list[dict[str, Any]]:
-    """The operation's events in chain order; not_found when the operation is not the tenant's."""
+    """The operation's events in chain order; not_found when the operation is not the tenant's.
+    Four round trips (BEGIN, tenant binding, read, COMMIT)."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "read") as (conn, _):
         rows = await conn.fetch(sql("list_events"), tenant, operation_id)
     if not rows:

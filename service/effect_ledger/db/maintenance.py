@@ -25,14 +25,8 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
-from effect_ledger.db.ledger import (
-    UNOBSERVED,
-    LedgerObserver,
-    apply_change,
-    row_to_operation,
-)
+from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
 from effect_ledger.domain.model import UNKNOWN, EventDraft
-from effect_ledger.domain.transitions import decide_sweep
 from effect_ledger.settings import Settings
 
 log = structlog.get_logger("effect_ledger.maintenance")
@@ -104,17 +98,16 @@ async def sweep_batch(
         await conn.fetchval(sql("maintenance_scope"), "off")
         for tenant, operation_id in keys:
             # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies).
+            # Locked by its tenant (one shard) first, and skipped if a request holds it: never waited for.
             await conn.fetchrow(sql("tenant_context"), tenant)
-            # Locked by its tenant (one shard), skipped if a request holds it; decide_sweep checks again
-            # that it is still submitted with an expired lease, with the clock read after the lock.
-            row = await conn.fetchrow(sql("lock_operation_unless_held"), tenant, operation_id)
-            if row is None:
+            if await conn.fetchrow(sql("lock_operation_unless_held"), tenant, operation_id) is None:
                 continue
-            op = row_to_operation(row)
-            change = decide_sweep(op)
-            await apply_change(conn, tenant, op, change)
-            swept += change.state is not None
-            recorded.extend(change.events)
+            # ledger.sweep binds the tenant too, reads the locked row's chain head and clock, and applies
+            # the expiry rule that complete and resolve apply (domain/transitions.decide_sweep).
+            row = await conn.fetchrow(sql("run_sweep"), tenant, operation_id)
+            events = returned_events(row)
+            swept += row["outcome"] == "expired"
+            recorded.extend(events)
     if recorded:  # committed: the metrics count them as sweeps
         observer.observe("sweep", UNKNOWN, recorded)
     return len(keys), swept

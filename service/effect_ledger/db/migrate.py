@@ -120,11 +120,14 @@ def reference_tables(*tables: str) -> None:
         _catalogue("citus_reference_table", table)
 
 
-def distribute_functions(*signatures: str, tenant_argument: str = "p_tenant") -> None:
+def distribute_functions(
+    *signatures: str, tenant_argument: str = "tenant", force_delegation: bool = False
+) -> None:
     """Citus: distribute functions by their tenant argument, co-located with ledger.operations, so that a
-    call runs on the worker holding that tenant's rows (in a transaction too: force_delegation); plain
-    PostgreSQL: nothing. `signatures` as regprocedure text, e.g. 'ledger.claim(text, text)'."""
+    call in autocommit runs on the worker holding that tenant's rows (inside a transaction block too with
+    force_delegation, which then binds the whole transaction to that worker); plain PostgreSQL: nothing.
+    `signatures` as regprocedure text, e.g. 'ledger.sweep(text, text)'."""
     if not on_citus():
         return
     for signature in signatures:
-        _catalogue("citus_distribute_function", signature, tenant_argument)
+        _catalogue("citus_distribute_function", signature, tenant_argument, force_delegation)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -119,17 +119,35 @@ class Pools:
                 await pool.close()
 
 
-@asynccontextmanager
-async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
-) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
-    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
+@contextmanager
+def translated(phase: str) -> Iterator[None]:
+    """Translate driver failures once: unreachable or overloaded -> 503, unstorable values -> 422."""
     try:
-        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
-            context = await conn.fetchrow(sql("tenant_context"), tenant)
-            yield conn, context["db_now"]
+        yield
     except UNAVAILABLE as exc:
         raise DatabaseUnavailable(phase, type(exc).__name__) from exc
     except UNSTORABLE as exc:
         # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
         raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+async def run_statement(
+    pool: asyncpg.Pool, acquire_timeout: float, phase: str, query: str, *args: Any
+) -> asyncpg.Record | None:
+    """One statement in autocommit on a pooled connection: exactly one round trip once the statement
+    is prepared on the connection (asyncpg caches it), with the pool's reset made free (_keep_session)."""
+    with translated(phase):
+        async with pool.acquire(timeout=acquire_timeout) as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(query, *args)
+            return row
+
+
+@asynccontextmanager
+async def tenant_tx(
+    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction"
+) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
+    """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s."""
+    with translated(phase):
+        async with pool.acquire(timeout=acquire_timeout) as conn, conn.transaction():
+            context = await conn.fetchrow(sql("tenant_context"), tenant)
+            yield conn, context["db_now"]

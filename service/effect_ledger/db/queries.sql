@@ -7,22 +7,47 @@
 -- and read the database clock.
 SELECT $1::text AS tenant, tenancy.bind_setting('effect_ledger.tenant', $1::text) AS db_now;
 
--- name: insert_first_attempt
--- A first claim: insert the operation and its `claimed` event; NULL means someone else has it
--- (function ledger.insert_first_attempt, migration 0008: one round trip, one Citus shard).
-SELECT ledger.insert_first_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
+-- ---------------------------------------------------------------------------------------------
+-- The write path (migration 0005): each call is one statement in autocommit, one round trip. The
+-- function binds the tenant for its own transaction, locks, decides, writes state and events.
+-- (c.op).* expands the operation row after the call (all NULL when there is none).
+-- ---------------------------------------------------------------------------------------------
+
+-- name: run_claim
+-- Claim (and, with $11, submit) an operation ID in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS c;
+
+-- name: run_submit
+-- Submit (pending -> submitted) in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.submit($1, $2, $3, $4, $5) AS c;
+
+-- name: run_heartbeat
+-- Extend a lease in one round trip.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.heartbeat($1, $2, $3, $4) AS c;
+
+-- name: run_complete
+-- Complete (with complete(unknown)'s incident, when $8 is given) in one round trip.
+SELECT c.outcome_code AS outcome, c.events, c.db_now, c.incident_ref, (c.op).*
+FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
+
+-- name: run_resolve
+-- Resolve (or record an unresolved look-up) in one round trip.
+SELECT c.outcome_code AS outcome, c.events, c.db_now, (c.op).*
+FROM ledger.resolve($1, $2, $3, $4, $5, $6, $7) AS c;
+
+-- name: run_sweep
+-- The sweeper's step for one locked candidate: lease_expired if (still) due, under the row's tenant.
+SELECT c.outcome, c.events, c.db_now, (c.op).*
+FROM ledger.sweep($1, $2) AS c;
 
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
 SELECT o.*, clock_timestamp() AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
-
--- name: apply_change
--- Write an operation's new state and chain head and append its events, in one round trip (function
--- ledger.apply_change, migration 0008: each of its statements stays on one Citus shard).
-SELECT ledger.apply_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                           $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28);
 
 -- name: list_events
 -- An operation's events in chain order.
@@ -84,9 +109,9 @@ SELECT create_reference_table($1::regclass)
 WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass);
 
 -- name: citus_distribute_function
--- Run a function on the worker holding its tenant's shard (by the named argument), in transactions too.
+-- Run a function's calls on the worker holding its tenant's shard (by the named argument).
 SELECT create_distributed_function(
-    $1::regprocedure, $2::text, colocate_with => 'ledger.operations', force_delegation => true);
+    $1::regprocedure, $2::text, colocate_with => 'ledger.operations', force_delegation => $3::boolean);
 
 -- name: migration_head
 -- The migration the database is at.
@@ -187,15 +212,6 @@ WHERE tenant_id = $1
   AND at >= $4
 ORDER BY at, access_id
 LIMIT $5;
-
--- name: lock_operation
--- Lock one operation FOR UPDATE and read it, chain head included, with the clock read after the lock
--- is granted. After waiting for a concurrent transition, FOR UPDATE returns the row version that
--- transition committed, and every event append moves the head on the row: the head is current.
-SELECT o.*, clock_timestamp() AS db_now
-FROM ledger.operations AS o
-WHERE o.tenant_id = $1 AND o.operation_id = $2
-FOR UPDATE;
 
 -- name: try_maintenance_lock
 -- One sweeper (or purger) across all replicas: a session advisory lock, never waited for.
@@ -312,65 +328,3 @@ DELETE FROM diagnostics.access_log
 WHERE (tenant_id, access_id) IN (
     SELECT tenant_id, access_id FROM diagnostics.access_log
     WHERE at < $1 ORDER BY at LIMIT $2);
-
--- ---------------------------------------------------------------------------------------------
--- Benchmark (`effect-ledger bench`): run as the owner on the bench's own databases, never by serve.
--- ---------------------------------------------------------------------------------------------
-
--- name: bench_database_ddl
--- CREATE and DROP of a benchmark database, with its name quoted by the server rather than by us.
-SELECT format('CREATE DATABASE %I', $1::text) AS create_database,
-       format('DROP DATABASE IF EXISTS %I WITH (FORCE)', $1::text) AS drop_database;
-
--- name: bench_server
--- The server's version and the backend serving this connection (its parent is the postmaster).
-SELECT current_setting('server_version') AS version, pg_backend_pid() AS backend_pid;
-
--- name: bench_bulk_operations
--- Growth history streamed into COPY: committed operations n = $2..$3 of tenant $1 (recent, so no purge
--- takes them during a run). Columns are named as in ledger.operations; the rest stay NULL.
-SELECT $1::text AS tenant_id, 'bulk-' || n AS operation_id, 'bench-history' AS principal,
-       'bench.transfer' AS tool, '1.0.0' AS tool_version,
-       'sha256:' || md5(n::text) || md5('intent-' || n) AS intent_digest, 'committed' AS status,
-       1 AS attempt, decode(md5('token-' || n), 'hex') AS claim_token_hash, 30 AS lease_seconds,
-       'ref-' || n AS effect_ref,
-       jsonb_build_object('external_ref', 'rcpt-' || n, 'result_digest', NULL, 'result', NULL,
-                          'observed_at', NULL, 'recorded_by', 'bench-history',
-                          'recorded_at', to_char(t.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
-           AS receipt,
-       t.at AS created_at, t.at AS updated_at, t.at AS submitted_at, t.at AS resolved_at,
-       'bench-history' AS resolved_by
-FROM generate_series($2::bigint, $3::bigint) AS n
-CROSS JOIN LATERAL (SELECT now() - interval '2 days' + (n % 86400000) * interval '1 millisecond' AS at) AS t;
-
--- name: bench_bulk_events
--- One event per bulk operation n = $2..$3 of tenant $1, for COPY; the hashes are filler, not a chain.
-SELECT $1::text AS tenant_id, 'bulk-' || n AS operation_id, 1 AS seq,
-       now() - interval '2 days' + (n % 86400000) * interval '1 millisecond' AS at,
-       'claimed' AS kind, 'bench-history' AS actor, 'pending' AS to_status, 1 AS attempt,
-       jsonb_build_object('lease_expires_at', 'n/a') AS data, repeat('0', 64) AS prev_hash,
-       md5('event-' || n) || md5('hash-' || n) AS hash
-FROM generate_series($2::bigint, $3::bigint) AS n;
-
--- name: bench_analyze
--- Fresh planner statistics after a bulk load.
-ANALYZE ledger.operations, ledger.events;
-
--- name: bench_checkpoint
--- Flush a bulk load before measuring, so no checkpoint of it lands inside a measured window.
-CHECKPOINT;
-
--- name: bench_relation_sizes
--- Bytes of each ledger table with its TOAST and indexes, of its indexes alone, and its estimated rows.
-SELECT relname AS name, pg_total_relation_size(oid) AS total_bytes, pg_indexes_size(oid) AS index_bytes,
-       reltuples::bigint AS estimated_rows
-FROM pg_class
-WHERE oid IN ('ledger.operations'::regclass, 'ledger.events'::regclass)
-ORDER BY relname DESC;
-
--- name: bench_committed_ids
--- Up to $3 committed operation IDs of tenant $1 that start with $2 (the service phase's own): claiming
--- them again, with the same binding, measures the replay path.
-SELECT operation_id FROM ledger.operations
-WHERE tenant_id = $1 AND status = 'committed' AND starts_with(operation_id, $2)
-LIMIT $3;

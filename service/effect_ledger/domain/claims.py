@@ -1,35 +1,27 @@
-"""Who gets to execute: the claim rules of API.md section 6, as pure decisions."""
+"""Who gets to execute: the claim rules of API.md section 6, as pure decisions (refusals returned)."""
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from effect_ledger.domain.chain import GENESIS_HASH
-from effect_ledger.domain.errors import LedgerError
+from effect_ledger.domain.errors import Refusal
 from effect_ledger.domain.model import (
     COMMITTED,
+    NO_CHANGE,
     NOT_APPLIED,
     PENDING,
     SUBMITTED,
     Binding,
     Change,
+    Decision,
     EventDraft,
     Operation,
 )
 from effect_ledger.domain.timefmt import format_ts, to_ms
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    """A claim as the executor asked for it, with tenant and principal already from the token."""
-
-    operation_id: str
-    binding: Binding
-    lease_seconds: int
-    nonce_hash: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,44 +32,66 @@ class AttemptMaterial:
     sealed_token: bytes | None
 
 
-ClaimVerdict = Literal["reuse_receipt", "replay", "new_attempt"]
+NO_MATERIAL = AttemptMaterial(b"", None)
 
 
-def operation_error(code: str, detail: str, op: Operation, retry_after: int | None = None) -> LedgerError:
-    """A 409-family problem that carries the operation it is about."""
-    return LedgerError(code, detail, {"operation": op}, retry_after)
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """The claim command: what the executor asked for, with tenant and principal from the token.
+
+    `material` is the token the claim grants if it grants one (made before the one round trip);
+    `submit` asks for pending -> submitted in the same transaction when an attempt is granted.
+    """
+
+    operation_id: str
+    binding: Binding
+    lease_seconds: int
+    nonce_hash: bytes | None
+    material: AttemptMaterial = NO_MATERIAL
+    submit: bool = False
+    effect_ref: str | None = None
 
 
-def decide_claim(op: Operation, req: ClaimRequest) -> ClaimVerdict:
-    """What a claim of an existing operation gets; raises the refusals of the claim table."""
+def operation_refusal(code: str, detail: str, op: Operation, retry_after: int | None = None) -> Refusal:
+    """A 409-family refusal that carries the operation it is about."""
+    return Refusal(code, detail, {"operation": op}, retry_after)
+
+
+def refused(refusal: Refusal, change: Change = NO_CHANGE) -> Decision:
+    """A decision that refuses (and may still record something, e.g. a discrepancy)."""
+    return Decision(refusal.code, change, refusal)
+
+
+def decide_claim(op: Operation, req: ClaimRequest) -> Decision:
+    """What a claim of an existing operation gets: reuse_receipt, replay, new_attempt or a refusal."""
     mismatched = op.binding.mismatched(req.binding)
     if mismatched:  # checked before everything else, so a foreign intent learns nothing about state
-        raise LedgerError(
+        return refused(Refusal(
             "intent_conflict",
             "The operation ID is bound to a different principal, tool, version or intent.",
             {"mismatched": mismatched},
-        )
+        ))
     if op.status == COMMITTED:
-        return "reuse_receipt"
+        return Decision("reuse_receipt")
     if op.status in (PENDING, SUBMITTED) and op.lease_live:
         if (
             req.nonce_hash is not None
             and op.client_nonce_hash is not None
             and hmac.compare_digest(op.client_nonce_hash, req.nonce_hash)
         ):
-            return "replay"
-        raise operation_error(
+            return Decision("replay")
+        return refused(operation_refusal(
             "operation_in_progress",
             "A live lease holds this operation; retry after it expires.",
             op,
             op.retry_after_seconds(),
-        )
+        ))
     if op.status != PENDING and op.status != NOT_APPLIED:
         # submitted with an expired lease, or unknown: the effect may have happened
-        raise operation_error(
+        return refused(operation_refusal(
             "outcome_unknown", "The outcome of this operation is unknown: reconcile it, do not repeat it.", op
-        )
-    return "new_attempt"
+        ))
+    return Decision("new_attempt", next_attempt(op, req, req.material))
 
 
 def lease_until(now: datetime, seconds: int) -> datetime:
@@ -131,6 +145,44 @@ def claim_event(op: Operation) -> EventDraft:
     )
 
 
+def submitted_state(op: Operation, effect_ref: str | None, lease_seconds: int | None) -> Change:
+    """pending -> submitted at the row's clock, lease renewed, with its `submitted` event."""
+    now = to_ms(op.now)
+    seconds = lease_seconds or op.lease_seconds
+    state = replace(
+        op,
+        status=SUBMITTED,
+        effect_ref=effect_ref,
+        lease_seconds=seconds,
+        lease_expires_at=lease_until(now, seconds),
+        submitted_at=now,
+        updated_at=now,
+    )
+    event = EventDraft(
+        "submitted",
+        op.binding.principal,
+        PENDING,
+        SUBMITTED,
+        op.attempt,
+        {"effect_ref": effect_ref, "lease_expires_at": format_ts(state.lease_expires_at)},
+    )
+    return Change(state, (event,))
+
+
+def _then_submit(granted: Change, req: ClaimRequest) -> Change:
+    """Claim-and-submit: a granted attempt is submitted in the same transaction (API.md section 6)."""
+    if not req.submit or granted.state is None:
+        return granted
+    submitted = submitted_state(granted.state, req.effect_ref, None)
+    return Change(submitted.state, (*granted.events, *submitted.events))
+
+
+def decide_first_claim(req: ClaimRequest, now: datetime) -> Decision:
+    """A claim of a new ID: attempt 1 with its `claimed` event (and `submitted`, when asked)."""
+    fresh = first_attempt(req, req.material, now)
+    return Decision("created", _then_submit(Change(fresh, (claim_event(fresh),)), req))
+
+
 def next_attempt(op: Operation, req: ClaimRequest, material: AttemptMaterial) -> Change:
     """A new attempt after an expired pending lease or a not_applied outcome; the old token goes stale."""
     now = to_ms(op.now)
@@ -143,4 +195,4 @@ def next_attempt(op: Operation, req: ClaimRequest, material: AttemptMaterial) ->
         state.attempt,
         {"previous_attempt": op.attempt, "lease_expires_at": format_ts(state.lease_expires_at)},
     )
-    return Change(state, (event,))
+    return _then_submit(Change(state, (event,)), req)

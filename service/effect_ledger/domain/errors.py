@@ -53,6 +53,20 @@ class LedgerError(Exception):
         return PROBLEMS[self.code][1]
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A command the rules refuse, as a value: the domain returns refusals and never raises them."""
+
+    code: str
+    detail: str
+    extensions: dict[str, Any] = field(default_factory=dict)
+    retry_after: int | None = None
+
+    def error(self) -> LedgerError:
+        """The problem to answer with (raised only at the HTTP edge)."""
+        return LedgerError(self.code, self.detail, dict(self.extensions), self.retry_after)
+
+
 def validation_failed(errors: list[tuple[str, str]]) -> LedgerError:
     """A 422 listing each offending field and what is wrong with it."""
     return LedgerError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from effect_ledger.domain.errors import Refusal
 from effect_ledger.domain.timefmt import format_ts
 
 PENDING: Final = "pending"
@@ -133,3 +134,21 @@ class Change:
 
     state: Operation | None
     events: tuple[EventDraft, ...]
+
+
+NO_CHANGE: Final = Change(None, ())
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A command decided against the current row: what to write, and the answer or the refusal.
+
+    `outcome` is the word the write path's database functions report for the same case (migration
+    0005): a claim verdict (created, new_attempt, replay, reuse_receipt), submitted, extended,
+    completed, resolved, unchanged, or the refusal's code. A refusal may still write (a
+    `discrepancy` event records a conflicting outcome).
+    """
+
+    outcome: str
+    change: Change = NO_CHANGE
+    refusal: Refusal | None = None

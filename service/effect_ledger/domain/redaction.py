@@ -86,7 +86,9 @@ def _redact_mapping(mapping: Mapping[Any, Any], depth: int) -> dict[Any, Any]:
     return redacted
 
 
+@lru_cache(maxsize=8192)
 def _redact_text(text: str) -> str:
+    """A string's masked form; remembered, like the verdicts: log lines repeat their strings."""
     if _looks_like_credential(text):
         return REDACTED
     # Bearer values too short or too plain to be judged secrets on their own are still

@@ -42,16 +42,22 @@ def nonce_hash(nonce: str) -> bytes:
     return hashlib.sha256(b"effect-ledger/nonce\0" + nonce.encode("utf-8")).digest()
 
 
-def _pad(nonce: str, tenant: str, operation_id: str, attempt: int) -> bytes:
-    material = "\0".join((tenant, operation_id, str(attempt), nonce)).encode("utf-8")
+SALT_BYTES = 16
+
+
+def _pad(nonce: str, tenant: str, operation_id: str, salt: bytes) -> bytes:
+    material = "\0".join((tenant, operation_id, salt.hex(), nonce)).encode("utf-8")
     return hashlib.sha256(b"effect-ledger/seal\0" + material).digest()
 
 
-def seal(raw: bytes, nonce: str, tenant: str, operation_id: str, attempt: int) -> bytes:
-    """XOR the token with a pad only the nonce's holder can rebuild, so a lost answer can be replayed."""
-    return bytes(a ^ b for a, b in zip(raw, _pad(nonce, tenant, operation_id, attempt), strict=True))
+def seal(raw: bytes, nonce: str, tenant: str, operation_id: str, salt: bytes) -> bytes:
+    """The salt, then the token XOR a pad only the nonce's holder can rebuild: a lost answer can be
+    replayed, and the token itself is never stored. The random salt (one per granted attempt) makes
+    every attempt's pad different without the attempt number, which only the database knows."""
+    return salt + bytes(a ^ b for a, b in zip(raw, _pad(nonce, tenant, operation_id, salt), strict=True))
 
 
-def unseal(sealed: bytes, nonce: str, tenant: str, operation_id: str, attempt: int) -> bytes:
-    """Inverse of seal (XOR is its own inverse)."""
-    return seal(sealed, nonce, tenant, operation_id, attempt)
+def unseal(sealed: bytes, nonce: str, tenant: str, operation_id: str) -> bytes:
+    """Inverse of seal (XOR with the same pad)."""
+    salt, body = sealed[:SALT_BYTES], sealed[SALT_BYTES:]
+    return bytes(a ^ b for a, b in zip(body, _pad(nonce, tenant, operation_id, salt), strict=True))

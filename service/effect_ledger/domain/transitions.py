@@ -1,4 +1,8 @@
-"""Fenced transitions (submit, heartbeat, complete) and reconciler resolution, as pure decisions."""
+"""Fenced transitions (submit, heartbeat, complete) and reconciler resolution, as pure decisions.
+
+Each returns a Decision; a refusal is a returned value, never raised. The database functions of
+migration 0005 execute the same rules in one round trip; a test runs both over every case.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import hmac
 from dataclasses import dataclass, replace
 from typing import Any
 
-from effect_ledger.domain.claims import lease_until, operation_error
-from effect_ledger.domain.errors import LedgerError
+from effect_ledger.domain.claims import lease_until, operation_refusal, refused, submitted_state
+from effect_ledger.domain.errors import Refusal
 from effect_ledger.domain.model import (
     COMMITTED,
     NOT_APPLIED,
@@ -16,6 +20,7 @@ from effect_ledger.domain.model import (
     TERMINAL,
     UNKNOWN,
     Change,
+    Decision,
     EventDraft,
     Operation,
 )
@@ -37,21 +42,11 @@ class Report:
     incident: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to write (maybe nothing) and, for a refusal that is itself recorded, the error to answer."""
-
-    change: Change
-    error: LedgerError | None = None
-
-
-NO_CHANGE = Change(None, ())
-
-
-def check_fence(op: Operation, token: str) -> None:
+def check_fence(op: Operation, token: str) -> Refusal | None:
     """Every executor transition must present the current attempt's token."""
     if not hmac.compare_digest(op.claim_token_hash, token_hash(token)):
-        raise operation_error("stale_claim", "The claim token is not the current attempt's.", op)
+        return operation_refusal("stale_claim", "The claim token is not the current attempt's.", op)
+    return None
 
 
 def expire_if_due(op: Operation) -> tuple[Operation, tuple[EventDraft, ...]]:
@@ -70,53 +65,40 @@ def expire_if_due(op: Operation) -> tuple[Operation, tuple[EventDraft, ...]]:
     return state, (event,)
 
 
-def _refuse_unusable(op: Operation, call: str) -> None:
+def _unusable(op: Operation, call: str) -> Refusal | None:
     status = op.effective_status
     if status == UNKNOWN:
-        raise operation_error("outcome_unknown", "The outcome is unknown: reconcile, do not repeat.", op)
+        return operation_refusal("outcome_unknown", "The outcome is unknown: reconcile, do not repeat.", op)
     if status in TERMINAL:
-        raise operation_error("invalid_transition", f"A {status} operation does not accept {call}.", op)
+        return operation_refusal("invalid_transition", f"A {status} operation does not accept {call}.", op)
+    return None
 
 
-def decide_submit(op: Operation, token: str, effect_ref: str | None, lease_seconds: int | None) -> Change:
+def decide_submit(op: Operation, token: str, effect_ref: str | None, lease_seconds: int | None) -> Decision:
     """pending -> submitted with a renewed lease; an identical repeat while submitted changes nothing."""
-    check_fence(op, token)
-    if op.effective_status == SUBMITTED:
+    refusal = check_fence(op, token)
+    if refusal is None and op.effective_status == SUBMITTED:
         if effect_ref is None or effect_ref == op.effect_ref:
-            return NO_CHANGE
-        raise operation_error(
+            return Decision("unchanged")
+        refusal = operation_refusal(
             "invalid_transition", "The operation was submitted with another effect_ref.", op
         )
-    _refuse_unusable(op, "submit")
-    now = to_ms(op.now)
-    seconds = lease_seconds or op.lease_seconds
-    state = replace(
-        op,
-        status=SUBMITTED,
-        effect_ref=effect_ref,
-        lease_seconds=seconds,
-        lease_expires_at=lease_until(now, seconds),
-        submitted_at=now,
-        updated_at=now,
-    )
-    event = EventDraft(
-        "submitted",
-        op.binding.principal,
-        PENDING,
-        SUBMITTED,
-        op.attempt,
-        {"effect_ref": effect_ref, "lease_expires_at": format_ts(state.lease_expires_at)},
-    )
-    return Change(state, (event,))
+    refusal = refusal or _unusable(op, "submit")
+    if refusal is not None:
+        return refused(refusal)
+    return Decision("submitted", submitted_state(op, effect_ref, lease_seconds))
 
 
-def decide_heartbeat(op: Operation, token: str, lease_seconds: int) -> Change:
-    """Extend a pending or live submitted lease to database now + lease_seconds; no event."""
-    check_fence(op, token)
-    if op.effective_status not in (PENDING, SUBMITTED):
-        _refuse_unusable(op, "heartbeat")
+def decide_heartbeat(op: Operation, token: str, lease_seconds: int | None) -> Decision:
+    """Extend a pending or live submitted lease to database now + lease_seconds (default: the
+    attempt's lease length); no event."""
+    refusal = check_fence(op, token) or _unusable(op, "heartbeat")
+    if refusal is not None:
+        return refused(refusal)
     now = to_ms(op.now)
-    return Change(replace(op, lease_expires_at=lease_until(now, lease_seconds), updated_at=now), ())
+    lease_end = lease_until(now, lease_seconds or op.lease_seconds)
+    extended = replace(op, lease_expires_at=lease_end, updated_at=now)
+    return Decision("extended", Change(extended, ()))
 
 
 def same_outcome(op: Operation, report: Report) -> bool:
@@ -141,10 +123,10 @@ def _discrepancy(op: Operation, actor: str, report: Report, source: str) -> Deci
     if report.reason is not None:
         data["reported_reason"] = report.reason
     event = EventDraft("discrepancy", actor, op.effective_status, op.effective_status, op.attempt, data)
-    error = operation_error(
+    refusal = operation_refusal(
         "conflicting_outcome", "A different outcome is already recorded; the disagreement was recorded.", op
     )
-    return Decision(Change(None, (event,)), error)
+    return refused(refusal, Change(None, (event,)))
 
 
 def _settle(op: Operation, actor: str, report: Report, kind: str) -> Change:
@@ -180,19 +162,25 @@ def _settle(op: Operation, actor: str, report: Report, kind: str) -> Change:
 
 def decide_complete(op: Operation, actor: str, token: str, report: Report) -> Decision:
     """The executor's report of committed, not_applied or unknown (also a late report from unknown)."""
-    check_fence(op, token)
+    fence = check_fence(op, token)
+    if fence is not None:
+        return refused(fence)
     status = op.effective_status
     if status in TERMINAL:
         if same_outcome(op, report):
-            return Decision(NO_CHANGE)
+            return Decision("unchanged")
         return _discrepancy(op, actor, report, "complete")
     if report.outcome == UNKNOWN:
         if status == PENDING:
-            raise operation_error("invalid_transition", "Only a submitted operation can become unknown.", op)
+            return refused(
+                operation_refusal("invalid_transition", "Only a submitted operation can become unknown.", op)
+            )
         if status == UNKNOWN:
             base, expiry = expire_if_due(op)
-            return Decision(Change(base if expiry else None, expiry))
-    return Decision(_settle(op, actor, report, "completed"))
+            if not expiry:
+                return Decision("unchanged")
+            return Decision("completed", Change(base, expiry))
+    return Decision("completed", _settle(op, actor, report, "completed"))
 
 
 def decide_resolve(op: Operation, actor: str, report: Report) -> Decision:
@@ -200,18 +188,20 @@ def decide_resolve(op: Operation, actor: str, report: Report) -> Decision:
     status = op.effective_status
     if status in TERMINAL:
         if same_outcome(op, report):
-            return Decision(NO_CHANGE)
+            return Decision("unchanged")
         return _discrepancy(op, actor, report, "resolve")
     if status != UNKNOWN:
-        raise operation_error("invalid_transition", "Only an unknown operation can be resolved.", op)
+        return refused(
+            operation_refusal("invalid_transition", "Only an unknown operation can be resolved.", op)
+        )
     if report.outcome == "unresolved":
         base, expiry = expire_if_due(op)
         event = EventDraft(
             "reconcile_unresolved", actor, UNKNOWN, UNKNOWN, op.attempt, {"evidence": report.evidence}
         )
         state = replace(base, updated_at=to_ms(op.now))
-        return Decision(Change(state, (*expiry, event)))
-    return Decision(_settle(op, actor, report, "resolved"))
+        return Decision("resolved", Change(state, (*expiry, event)))
+    return Decision("resolved", _settle(op, actor, report, "resolved"))
 
 
 def decide_sweep(op: Operation) -> Change:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, Response, get
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromQuery
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.db import reads
@@ -13,7 +13,7 @@ from effect_ledger.domain.model import operation_view
 from effect_ledger.http.auth import AUDIT, RECONCILE, requires
 from effect_ledger.http.context import caller_of, ledger_of
 from effect_ledger.http.paging import QueryProblems, encode_cursor
-from effect_ledger.http.schemas import check_operation_id
+from effect_ledger.http.schemas import OperationId, check_operation_id
 
 RECEIPTS_CURSOR = "receipts"
 ACCESS_CURSOR = "access_log"
@@ -26,9 +26,8 @@ class AuditController(Controller):
     tags = ("audit",)
 
     @get("/operations/{operation_id:str}/events", guards=[requires(RECONCILE, AUDIT)])
-    async def events(self, request: Request[Any, Any, Any], operation_id: FromPath[str]) -> Response[Any]:
+    async def events(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
         """An operation's events in chain order, each with prev_hash and hash."""
-        check_operation_id(operation_id)
         items = await repo.list_events(ledger_of(request), caller_of(request).tenant, operation_id)
         return Response({"items": items})
 

@@ -23,7 +23,7 @@ from effect_ledger.domain.errors import not_found, validation_failed
 from effect_ledger.domain.model import UNKNOWN
 from effect_ledger.http.auth import DIAG_READ, DIAG_WRITE, Caller, requires
 from effect_ledger.http.context import caller_of, ledger_of
-from effect_ledger.http.schemas import CompleteBody, DiagnosticsBody, strict_body, to_builtins
+from effect_ledger.http.schemas import CompleteBody, DiagnosticsBody, strict, to_builtins
 
 DIAGNOSTICS_PATH = "/v1/diagnostics"
 
@@ -61,11 +61,10 @@ class DiagnosticsController(Controller):
     path = DIAGNOSTICS_PATH
     tags = ("diagnostics",)
 
-    @post("/", guards=[requires(DIAG_WRITE)], status_code=201)
+    @post("/", guards=[requires(DIAG_WRITE)], status_code=201, **strict(DiagnosticsBody))
     async def report(self, request: Request[Any, Any, Any], data: JSONBody[DiagnosticsBody]) -> Response[Any]:
         """Store an incident from the allow-listed fields; a credential-shaped value stores nothing."""
-        body = await strict_body(request, DiagnosticsBody)
-        incident = incident_from_body(caller_of(request), body, "report")
+        incident = incident_from_body(caller_of(request), data, "report")
         await repo.store_incident(ledger_of(request), incident, "diagnostics_report")
         return Response({"incident": incident.incident_id}, status_code=201)
 

@@ -6,33 +6,26 @@ from typing import Any
 
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
-from litestar.params import FromPath, JSONBody
+from litestar.params import JSONBody
 
-from effect_ledger.db import diagnostics as diagnostics_repo
 from effect_ledger.db import ledger as repo
 from effect_ledger.domain.claims import ClaimRequest
 from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
-from effect_ledger.domain.transitions import (
-    Decision,
-    Report,
-    decide_complete,
-    decide_heartbeat,
-    decide_submit,
-)
-from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, requires
+from effect_ledger.domain.transitions import Report
+from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, Caller, requires
 from effect_ledger.http.context import caller_of, ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
     CompleteBody,
     HeartbeatBody,
+    OperationId,
     SubmitBody,
-    check_operation_id,
     claim_digest,
     reason_content,
     receipt_content,
-    strict_body,
+    strict,
 )
 
 OPERATION_PATH = "/v1/operations/{operation_id:str}"
@@ -43,8 +36,44 @@ def view_response(op: Operation, status: int = 200, **extra: Any) -> Response[di
     return Response({**operation_view(op), **extra}, status_code=status)
 
 
+def answer(outcome: repo.Outcome) -> Response[dict[str, Any]]:
+    """A write-path outcome as the API answers it: the view (and incident), or the refusal's problem."""
+    if outcome.refusal is not None:
+        raise outcome.refusal.error()
+    assert outcome.operation is not None
+    if outcome.incident is not None:
+        return view_response(outcome.operation, incident=outcome.incident)
+    return view_response(outcome.operation)
+
+
+def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRequest:
+    """The claim command from its body, with the principal from the token."""
+    binding = Binding(caller.principal, body.tool, body.tool_version, claim_digest(body))
+    nonce = body.client_nonce
+    return ClaimRequest(
+        operation_id, binding, body.lease_seconds, None if nonce is None else nonce_hash(nonce),
+        submit=body.submit is not None, effect_ref=None if body.submit is None else body.submit.effect_ref,
+    )
+
+
+def claim_answer(operation_id: str, result: repo.ClaimResult) -> Response[Any]:
+    """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal."""
+    if result.refusal is not None:
+        raise result.refusal.error()
+    view = operation_view(result.operation)
+    if result.verdict == "reuse_receipt":
+        return Response({"action": "reuse_receipt", "operation": view}, status_code=200)
+    op = result.operation
+    claim = {"attempt": op.attempt, "token": result.token, "lease_expires_at": view["lease_expires_at"]}
+    headers = {"Location": f"/v1/operations/{operation_id}"}
+    if result.verdict == "replay":
+        headers["Idempotent-Replayed"] = "true"
+    body = {"action": "execute", "operation": view, "claim": claim}
+    return Response(body, status_code=201, headers=headers)
+
+
 class ExecutorController(Controller):
-    """Claim an operation ID and move it through its fenced transitions."""
+    """Claim an operation ID and move it through its fenced transitions: each call one round trip."""
 
     path = OPERATION_PATH
     tags = ("executor",)
@@ -58,75 +87,42 @@ class ExecutorController(Controller):
                 dict[str, Any], description="reuse_receipt: committed; the receipt", generate_examples=False
             )
         },
+        **strict(ClaimBody),
     )
     async def claim(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ClaimBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ClaimBody]
     ) -> Response[Any]:
-        """Claim an operation ID: 201 execute, 200 reuse_receipt, or a 409/422 problem."""
-        check_operation_id(operation_id)
-        data = await strict_body(request, ClaimBody)
+        """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
         caller = caller_of(request)
-        binding = Binding(caller.principal, data.tool, data.tool_version, claim_digest(data))
-        nonce = data.client_nonce
-        req = ClaimRequest(
-            operation_id, binding, data.lease_seconds, None if nonce is None else nonce_hash(nonce)
-        )
-        result = await repo.claim(ledger_of(request), caller.tenant, req, nonce)
-        view = operation_view(result.operation)
-        if result.verdict == "reuse_receipt":
-            return Response({"action": "reuse_receipt", "operation": view}, status_code=200)
-        op = result.operation
-        body = {
-            "action": "execute",
-            "operation": view,
-            "claim": {
-                "attempt": op.attempt,
-                "token": result.token,
-                "lease_expires_at": view["lease_expires_at"],
-            },
-        }
-        headers = {"Location": f"/v1/operations/{operation_id}"}
-        if result.verdict == "replay":
-            headers["Idempotent-Replayed"] = "true"
-        return Response(body, status_code=201, headers=headers)
+        req = claim_request(operation_id, caller, data)
+        result = await repo.claim(ledger_of(request), caller.tenant, req, data.client_nonce)
+        return claim_answer(operation_id, result)
 
-    @post("/submit", guards=[requires(EXECUTE)], status_code=200)
+    @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
     async def submit(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[SubmitBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
-        check_operation_id(operation_id)
-        data = await strict_body(request, SubmitBody)
-        caller = caller_of(request)
+        return answer(await repo.submit(
+            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.effect_ref,
+            data.lease_seconds,
+        ))
 
-        def decide(op: Operation) -> Decision:
-            return Decision(decide_submit(op, data.token, data.effect_ref, data.lease_seconds))
-
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "submit")
-        return view_response(op)
-
-    @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200)
+    @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[HeartbeatBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[HeartbeatBody]
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
-        check_operation_id(operation_id)
-        data = await strict_body(request, HeartbeatBody)
-        caller = caller_of(request)
+        return answer(await repo.heartbeat(
+            ledger_of(request), caller_of(request).tenant, operation_id, data.token, data.lease_seconds
+        ))
 
-        def decide(op: Operation) -> Decision:
-            return Decision(decide_heartbeat(op, data.token, data.lease_seconds or op.lease_seconds))
-
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "heartbeat")
-        return view_response(op)
-
-    @post("/complete", guards=[requires(EXECUTE)], status_code=200)
+    @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[CompleteBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[CompleteBody]
     ) -> Response[Any]:
-        """Record committed, not_applied or unknown (a late report from unknown too)."""
-        check_operation_id(operation_id)
-        data = await strict_body(request, CompleteBody)
+        """Record committed, not_applied or unknown (a late report from unknown too); complete(unknown)'s
+        diagnostics are stored with the transition, and the answer names their incident."""
         caller = caller_of(request)
         incident = outcome_incident(caller, operation_id, data)
         report = Report(
@@ -135,22 +131,12 @@ class ExecutorController(Controller):
             reason_content(data.reason, data.outcome),
             incident=None if incident is None else incident.incident_id,
         )
-
-        def decide(op: Operation) -> Decision:
-            return decide_complete(op, caller.principal, data.token, report)
-
-        if incident is None:
-            op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "complete")
-            return view_response(op)
-        # The diagnostics commit with the transition; the answer names the incident that holds them.
-        op, reference = await diagnostics_repo.complete_with_incident(
-            ledger_of(request), caller.tenant, operation_id, decide, incident
-        )
-        return view_response(op) if reference is None else view_response(op, incident=reference)
+        return answer(await repo.complete(
+            ledger_of(request), caller.tenant, operation_id, caller.principal, data.token, report, incident
+        ))
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
-    async def read(self, request: Request[Any, Any, Any], operation_id: FromPath[str]) -> Response[Any]:
+    async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:
         """One operation's view; another tenant's reads as not found."""
-        check_operation_id(operation_id)
         caller = caller_of(request)
         return view_response(await repo.get_operation(ledger_of(request), caller.tenant, operation_id))

@@ -5,25 +5,26 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get, post
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.params import FromQuery, JSONBody
 from msgspec import Meta, Struct
 
 from effect_ledger.db import ledger as repo
 from effect_ledger.db import reads
 from effect_ledger.domain.errors import validation_failed
-from effect_ledger.domain.model import STATUSES, Operation, operation_view
+from effect_ledger.domain.model import STATUSES, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
-from effect_ledger.domain.transitions import Decision, Report, decide_resolve
+from effect_ledger.domain.transitions import Report
 from effect_ledger.http.auth import AUDIT, RECONCILE, requires
 from effect_ledger.http.context import caller_of, ledger_of
-from effect_ledger.http.executor import view_response
+from effect_ledger.http.executor import answer
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
+    OperationId,
     ReasonBody,
     ReceiptBody,
-    check_operation_id,
     reason_content,
     receipt_content,
+    strict,
 )
 
 LIST_CURSOR = "operations"
@@ -87,12 +88,11 @@ class ReconcilerController(Controller):
             "next_cursor": encode_cursor(LIST_CURSOR, page.next_key),
         })
 
-    @post("/{operation_id:str}/resolve", guards=[requires(RECONCILE)], status_code=200)
+    @post("/{operation_id:str}/resolve", guards=[requires(RECONCILE)], status_code=200, **strict(ResolveBody))
     async def resolve(
-        self, request: Request[Any, Any, Any], operation_id: FromPath[str], data: JSONBody[ResolveBody]
+        self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ResolveBody]
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
-        check_operation_id(operation_id)
         caller = caller_of(request)
         report = Report(
             data.outcome,
@@ -100,9 +100,5 @@ class ReconcilerController(Controller):
             reason_content(data.reason, data.outcome),
             evidence_content(data.evidence),
         )
-
-        def decide(op: Operation) -> Decision:
-            return decide_resolve(op, caller.principal, report)
-
-        op = await repo.transition(ledger_of(request), caller.tenant, operation_id, decide, "resolve")
-        return view_response(op)
+        ledger = ledger_of(request)
+        return answer(await repo.resolve(ledger, caller.tenant, operation_id, caller.principal, report))

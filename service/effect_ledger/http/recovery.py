@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, post
+from litestar import Controller, post
 from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
 from effect_ledger.domain.errors import validation_failed
 from effect_ledger.domain.recovery import MAX_SAFE_INTEGER, InvalidRecoveryInput, RecoveryInput, decide
 from effect_ledger.http.auth import requires
-from effect_ledger.http.schemas import strict_body
+from effect_ledger.http.schemas import strict
 
 Budget = Annotated[int, Meta(ge=1, le=MAX_SAFE_INTEGER)]
 Moment = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
@@ -42,13 +42,9 @@ class RecoveryController(Controller):
     path = "/v1/recovery"
     tags = ("recovery",)
 
-    @post("/decide", guards=[requires()], status_code=200)
-    async def decide_recovery(
-        self, request: Request[Any, Any, Any], data: JSONBody[DecideBody]
-    ) -> dict[str, Any]:
+    @post("/decide", guards=[requires()], status_code=200, **strict(DecideBody))
+    async def decide_recovery(self, data: JSONBody[DecideBody]) -> dict[str, Any]:
         """Reconcile, stop (with a reason) or retry (with a delay), by the rules of API.md section 10."""
-        # Litestar's own decoding is lax ("10" would pass as 10); the contract says integers.
-        data = await strict_body(request, DecideBody)
         inp = RecoveryInput(
             attempts=data.attempts,
             maximum_attempts=data.maximum_attempts,

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
+from litestar.dto import AbstractDTO
+from litestar.dto.data_structures import DTOFieldDefinition
+from litestar.openapi.spec import Reference, Schema
+from litestar.params import Parameter
+from litestar.typing import FieldDefinition
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, intent_digest
 from effect_ledger.domain.diagnostics import Cause, Phase
-from effect_ledger.domain.errors import validation_failed
+from effect_ledger.domain.errors import LedgerError, validation_failed
 from effect_ledger.domain.timefmt import format_ts, parse_ts
+
+if TYPE_CHECKING:
+    from litestar._openapi.schema_generation import SchemaCreator
 
 OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
@@ -28,6 +37,15 @@ HeaderName = Annotated[str, Meta(min_length=1, max_length=100)]
 HeaderValue = Annotated[str, Meta(max_length=256)]
 
 
+EffectRef = Annotated[str, Meta(max_length=256)]
+
+
+class ClaimSubmit(Struct, forbid_unknown_fields=True):
+    """Claim-and-submit: a granted attempt is submitted in the same transaction (API.md section 6)."""
+
+    effect_ref: EffectRef | None = None
+
+
 class ClaimBody(Struct, forbid_unknown_fields=True):
     """POST /v1/operations/{id}/claim."""
 
@@ -37,13 +55,14 @@ class ClaimBody(Struct, forbid_unknown_fields=True):
     intent_digest: Digest | UnsetType = UNSET
     lease_seconds: LeaseSeconds = 30
     client_nonce: Annotated[str, Meta(min_length=16, max_length=128)] | None = None
+    submit: ClaimSubmit | None = None
 
 
 class SubmitBody(Struct, forbid_unknown_fields=True):
     """POST /v1/operations/{id}/submit."""
 
     token: Token
-    effect_ref: Annotated[str, Meta(max_length=256)] | None = None
+    effect_ref: EffectRef | None = None
     lease_seconds: LeaseSeconds | None = None
 
 
@@ -100,17 +119,72 @@ S = TypeVar("S", bound=Struct)
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
-async def strict_body(request: Any, kind: type[S]) -> S:
-    """Decode the cached body again, strictly: Litestar's own conversion is lax ("30" becomes 30)."""
-    raw = await request.body()
+def decode_strict(raw: bytes, kind: type[S]) -> S:
+    """Decode a request body strictly into its struct ("30" is not 30): 400 when it is not JSON or not
+    an object, 422 naming the field when it is JSON that breaks the contract (RecursionError, for a
+    nesting deeper than the decoder follows, is answered 422 by the exception handlers)."""
     try:
         return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError as exc:
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        _refuse_json(raw)  # raises 400 when the body is not a JSON object at all
+        if not isinstance(exc, msgspec.ValidationError):
+            raise LedgerError("malformed_request", "The body is not valid JSON.") from None
         message = str(exc)
         located = _AT_PATH.search(message)
         field = located.group(1) if located and located.group(1) else "body"
-        bare = _AT_PATH.sub("", message)
-        raise validation_failed([_describe(bare, field)]) from None
+        raise validation_failed([_describe(_AT_PATH.sub("", message), field)]) from None
+
+
+def _refuse_json(raw: bytes) -> None:
+    """On the error path only: the body as plain JSON. Not JSON (or numbers no JSON value can hold)
+    -> 400; too deep -> RecursionError (422); not an object -> 400. Else the struct was broken (422)."""
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        raise LedgerError("malformed_request", "The body is not valid JSON.") from None
+    if not isinstance(value, dict):
+        raise LedgerError("malformed_request", "The body must be a JSON object.")
+
+
+class StrictBody(AbstractDTO[S]):
+    """The one way a request body is read: decoded strictly, once, into its msgspec struct.
+
+    Litestar's own decoding of a `data` parameter converts leniently ("30" becomes 30); a DTO's
+    decode_bytes replaces it (the signature model then takes the value as it is). The OpenAPI request
+    schema is the struct's own, exactly as without the DTO. Responses are not touched (return_dto=None).
+    """
+
+    @classmethod
+    def generate_field_definitions(cls, model_type: type[Any]) -> Generator[DTOFieldDefinition, None, None]:
+        """Not used: nothing is transferred field by field."""
+        yield from ()
+
+    @classmethod
+    def detect_nested_field(cls, field_definition: FieldDefinition) -> bool:
+        """Not used: the struct is decoded whole."""
+        return False
+
+    @classmethod
+    def create_for_field_definition(
+        cls, field_definition: FieldDefinition, handler_id: str, backend_cls: type[Any] | None = None
+    ) -> None:
+        """No transfer backend: decode_bytes decodes directly."""
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Reference | Schema:
+        """The struct's schema, as Litestar documents a plain `data: Struct` parameter."""
+        return schema_creator.for_field_definition(FieldDefinition.from_annotation(cls.model_type))
+
+    def decode_bytes(self, value: bytes) -> Any:
+        """The body as its struct, strictly (see decode_strict)."""
+        return decode_strict(value, self.model_type)
+
+
+def strict(kind: type[S]) -> dict[str, Any]:
+    """Route options that decode `data` with StrictBody and leave the answer alone."""
+    return {"dto": StrictBody[kind], "return_dto": None}  # type: ignore[valid-type]
 
 
 def _describe(message: str, field: str) -> tuple[str, str]:
@@ -126,6 +200,16 @@ def _describe(message: str, field: str) -> tuple[str, str]:
     if message.startswith("Invalid enum value"):
         return field, "is not one of the allowed values"
     return field, "is invalid"
+
+
+# The one path type of an operation ID: checked by the route's signature (422 on `operation_id`).
+OperationId = Annotated[
+    str,
+    Parameter(
+        description="1-200 characters of [A-Za-z0-9._:~-]", pattern=OPERATION_ID.pattern, min_length=1,
+        max_length=200,
+    ),
+]
 
 
 def check_operation_id(operation_id: str) -> None:

@@ -1,14 +1,16 @@
-"""`effect-ledger bench`: its flags and its command (registered with the CLI by importing this module)."""
+"""`effect-ledger bench`: its flags and its handler (the CLI imports this module only for `bench`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from dataclasses import replace
 from typing import Any
 
-from effect_ledger.cli import command
 from effect_ledger.settings import Settings
+
+INSTALL = "pip install 'effect-ledger[bench]'"
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -38,10 +40,13 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: proves it runs")
 
 
-@command("bench")
 def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     """Measure effect cycles against the PostgreSQL limit, and print the table."""
-    from effect_ledger.bench.runner import BenchConfig, run_bench
+    try:
+        from effect_ledger_bench.runner import BenchConfig, run_bench
+    except ModuleNotFoundError as missing:
+        print(f"effect-ledger bench needs {missing.name}: {INSTALL}", file=sys.stderr)
+        return 2
 
     config = BenchConfig.smoke() if args.smoke else BenchConfig()
     names = ("duration", "warmup", "concurrency", "growth_sizes", "growth_duration", "replay_duration",

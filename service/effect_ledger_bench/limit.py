@@ -1,11 +1,20 @@
-"""The limit: pgbench running the service's own claim, submit and complete SQL from the query catalogue.
+"""The limits: pgbench running one effect cycle (claim, submit, complete) three ways.
 
-The script is generated at run time from `sql(name)`. Each `$n` becomes a pgbench variable through the
+- `yardstick` (the limit, issue 11): PostgreSQL alone doing the cycle's durable work with one
+  statement per call in autocommit: claim = one INSERT ... ON CONFLICT DO NOTHING of the operation
+  row plus its event in one CTE; submit and complete = one UPDATE guarded by status and token hash
+  plus its event in one CTE. Same rows, indexes and row-level security (the tenant is bound once per
+  session through PGOPTIONS, which costs no round trip).
+- `service`: the service's own statements from the catalogue, one write-path function call per call
+  (migration 0005): what the service's SQL costs PostgreSQL, without Python or HTTP.
+- `previous`: the write path before migration 0005, BEGIN, tenant_context, the locking read, the write
+  and COMMIT, 4-5 round trips per call (the old "limit" row, kept for comparison).
+
+Scripts are generated at run time from `sql(name)`. Each `$n` becomes a pgbench variable through the
 explicit tables below; the values are what the service would send (bytea as hex, arrays as literals,
 timestamps from the transaction's own `tenant_context` clock via \\gset). pgbench sends every variable
 as text and cannot send a NULL parameter, so the parameters the service sends as NULL are mapped to a
-literal NULL instead. One pgbench transaction is one effect cycle: three database transactions, with
-BEGIN and COMMIT as round trips of their own, exactly as asyncpg's `conn.transaction()` sends them.
+literal NULL instead. One pgbench transaction is one effect cycle.
 """
 
 from __future__ import annotations
@@ -21,11 +30,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from effect_ledger.bench.database import Endpoint
-from effect_ledger.bench.procs import children_cpu_seconds, tree_cpu_seconds
-from effect_ledger.bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
-from effect_ledger.db.catalogue import sql
+from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.chain import GENESIS_HASH
+from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.database import Endpoint
+from effect_ledger_bench.procs import children_cpu_seconds, tree_cpu_seconds
+from effect_ledger_bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
 
 NOW = ":ctx_db_now"  # tenant_context's clock_timestamp(), captured by \gset ctx_
 
@@ -64,18 +74,57 @@ def bind(statement: str, mapping: dict[int, str]) -> str:
     return _PARAM.sub(lambda m: mapping[int(m.group(1))], statement)
 
 
-def script() -> str:
-    """One effect cycle as a pgbench script; op IDs from a per-client counter, unique per run."""
+YARDSTICK_CLAIM = {
+    1: ":tenant", 2: ":op", 3: ":principal", 4: ":tool", 5: ":tool_version", 6: ":intent_digest",
+    7: ":token_hash", 8: ":nonce_hash", 9: ":sealed_token", 10: ":lease_seconds", 11: ":claimed_hash",
+    12: ":claimed_data", 13: ":genesis_hash",
+}
+YARDSTICK_SUBMIT = {
+    1: ":tenant", 2: ":op", 3: ":effect_ref", 4: ":token_hash", 5: ":submit_head_hash",
+    6: ":submit_event_data", 7: ":claimed_hash",
+}
+YARDSTICK_COMPLETE = {
+    1: ":tenant", 2: ":op", 3: ":receipt", 4: ":token_hash", 5: ":complete_head_hash",
+    6: ":complete_event_data", 7: ":submit_head_hash",
+}
+SERVICE_CLAIM = {
+    1: ":tenant", 2: ":op", 3: ":principal", 4: ":tool", 5: ":tool_version", 6: ":intent_digest",
+    7: ":lease_seconds", 8: ":nonce_hash", 9: ":token_hash", 10: ":sealed_token", 11: "false", 12: "NULL",
+}
+SERVICE_SUBMIT = {1: ":tenant", 2: ":op", 3: ":token_hash", 4: ":effect_ref", 5: "NULL"}
+SERVICE_COMPLETE = {
+    1: ":tenant", 2: ":op", 3: ":principal", 4: ":token_hash", 5: ":committed", 6: ":receipt_content",
+    7: "NULL", 8: "NULL",
+}
+_OP = ["\\set n :n + 1", "\\set op :run * 1000000000000 + :client_id * 1000000000 + :n"]
+KINDS = ("yardstick", "service", "previous")
+
+
+def script(kind: str = "previous") -> str:
+    """One effect cycle as a pgbench script of `kind` (see KINDS); op IDs unique per run."""
+    if kind == "yardstick":
+        calls = ((sql("bench_yardstick_claim"), YARDSTICK_CLAIM),
+                 (sql("bench_yardstick_submit"), YARDSTICK_SUBMIT),
+                 (sql("bench_yardstick_complete"), YARDSTICK_COMPLETE))
+    elif kind == "service":
+        calls = ((sql("run_claim"), SERVICE_CLAIM), (sql("run_submit"), SERVICE_SUBMIT),
+                 (sql("run_complete"), SERVICE_COMPLETE))
+    else:
+        return previous_script()
+    return "\n".join([*_OP, *(bind(statement, mapping) + ";" for statement, mapping in calls), ""])
+
+
+def previous_script() -> str:
+    """One effect cycle as the previous write path sent it (before migration 0005)."""
     context = bind(sql("tenant_context"), TENANT_CONTEXT) + " \\gset ctx_"
-    # the service's locking read: the row lock, then the row with its chain head (db.ledger.lock_for_change)
-    locking_read = ("lock_operation",)
-    lock = "\n".join(bind(sql(name), LOCK_OPERATION) + ";" for name in locking_read)
+    # the previous locking read: the row lock, then the row with its chain head
+    lock = bind(sql("bench_previous_lock_operation"), LOCK_OPERATION) + ";"
+    first = bind(sql("bench_previous_insert_first_attempt"), INSERT_FIRST_ATTEMPT) + ";"
     return "\n".join([
-        "\\set n :n + 1",
-        "\\set op :run * 1000000000000 + :client_id * 1000000000 + :n",
-        "BEGIN;", context, bind(sql("insert_first_attempt"), INSERT_FIRST_ATTEMPT) + ";", "COMMIT;",
-        "BEGIN;", context, lock, bind(sql("apply_change"), APPLY_SUBMIT) + ";", "COMMIT;",
-        "BEGIN;", context, lock, bind(sql("apply_change"), APPLY_COMPLETE) + ";", "COMMIT;",
+        *_OP,
+        "BEGIN;", context, first, "COMMIT;",
+        "BEGIN;", context, lock, bind(sql("bench_previous_apply_change"), APPLY_SUBMIT) + ";", "COMMIT;",
+        "BEGIN;", context, lock, bind(sql("bench_previous_apply_change"), APPLY_COMPLETE) + ";", "COMMIT;",
         "",
     ])
 
@@ -94,8 +143,8 @@ def variables(run: int) -> dict[str, str]:
     """The -D values: what the service sends for one executor's cycle, in text form."""
     at = datetime.now(UTC).isoformat()
     lease = {"lease_expires_at": at}
-    receipt = {"external_ref": "rcpt-1", "result_digest": None, "result": None, "observed_at": None,
-               "recorded_by": PRINCIPAL, "recorded_at": at}
+    content = {"external_ref": "rcpt-1", "result_digest": None, "result": None, "observed_at": None}
+    receipt = {**content, "recorded_by": PRINCIPAL, "recorded_at": at}
     return {
         "run": str(run), "n": "0", "tenant": TENANT, "principal": PRINCIPAL, "tool": TOOL,
         "tool_version": TOOL_VERSION, "intent_digest": "sha256:" + _hex("intent"),
@@ -114,6 +163,9 @@ def variables(run: int) -> dict[str, str]:
         "complete_data": _array(json.dumps({"outcome": "committed", "receipt": receipt})),
         "complete_prev": _array(_hex("e2")), "complete_hash": _array(_hex("e3")),
         "complete_head_seq": "3", "complete_head_hash": _hex("e3"),
+        "submit_event_data": json.dumps({"effect_ref": "ref-1", **lease}),
+        "complete_event_data": json.dumps({"outcome": "committed", "receipt": content}),
+        "receipt_content": canonical_json(content).decode(),
     }
 
 
@@ -143,14 +195,15 @@ class LimitResult:
 
 
 async def run_pgbench(
-    endpoint: Endpoint, workdir: Path, clients: int, seconds: float, run: int, postmaster: int | None
+    endpoint: Endpoint, workdir: Path, clients: int, seconds: float, run: int, postmaster: int | None,
+    kind: str = "yardstick",
 ) -> LimitResult:
-    """Run the generated script at `clients` concurrency for `seconds` (prepared statements, like asyncpg)."""
+    """Run the `kind` script at `clients` concurrency for `seconds` (prepared statements, like asyncpg)."""
     binary = pgbench_path()
     if binary is None:
         raise RuntimeError("pgbench not found (embedded PostgreSQL, /usr/lib/postgresql/15/bin or PATH)")
-    path = workdir / "cycle.pgbench"
-    path.write_text(script())
+    path = workdir / f"cycle-{kind}.pgbench"
+    path.write_text(script(kind))
     argv = [binary, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, os.cpu_count() or 1)),
             "-T", str(max(1, round(seconds))), "-f", str(path), "-U", endpoint.user]
     if endpoint.host:
@@ -160,7 +213,9 @@ async def run_pgbench(
     for name, value in variables(run).items():
         argv += ["-D", f"{name}={value}"]
     argv.append(endpoint.dbname)
-    env = {**os.environ, "PGPASSWORD": endpoint.password, "PGAPPNAME": "effect-ledger-bench"}
+    env = {**os.environ, "PGPASSWORD": endpoint.password, "PGAPPNAME": "effect-ledger-bench",
+           # the yardstick's tenant binding: once per session, no round trip (row-level security applies)
+           "PGOPTIONS": f"-c effect_ledger.tenant={TENANT}"}
     pg_before = tree_cpu_seconds(postmaster) if postmaster else None
     own_before = children_cpu_seconds()
     proc = await asyncio.create_subprocess_exec(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from effect_ledger.bench.procs import tree_cpu_seconds, worker_rss_mb
+from effect_ledger_bench.procs import tree_cpu_seconds, worker_rss_mb
 
 
 def free_port() -> int:

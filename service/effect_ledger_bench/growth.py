@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from effect_ledger.bench.workload import BULK_TENANT
-from effect_ledger.db.catalogue import sql
+from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.workload import BULK_TENANT
 
 BATCH = 1_000_000  # rows per COPY (one transaction each), so progress shows and memory stays flat
 

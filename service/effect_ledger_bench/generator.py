@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from effect_ledger.bench.loadgen import Spec
-from effect_ledger.bench.stats import LoadResult
-from effect_ledger.bench.wrk import wrk_load, wrk_path
+from effect_ledger_bench.loadgen import Spec
+from effect_ledger_bench.stats import LoadResult
+from effect_ledger_bench.wrk import wrk_load, wrk_path
 
 START_MARGIN = 1.0  # seconds for the generator processes to start before the common clock begins
 
@@ -93,7 +93,7 @@ class Generator:
 
 async def _run_process(spec: Spec, within: float) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "effect_ledger.bench.loadgen",
+        sys.executable, "-m", "effect_ledger_bench.loadgen",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:

@@ -1,6 +1,6 @@
 """One process of the Python load generator: a share of the executors, each on its own keep-alive connection.
 
-Run as `python -m effect_ledger.bench.loadgen` with a JSON spec on stdin; prints a JSON result. Every
+Run as `python -m effect_ledger_bench.loadgen` with a JSON spec on stdin; prints a JSON result. Every
 process is given the same wall-clock window, so the parent adds their counts up.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from effect_ledger.bench.httpclient import HttpConnection
-from effect_ledger.bench.workload import claim_body, claim_path, complete_body, submit_body
+from effect_ledger_bench.httpclient import HttpConnection
+from effect_ledger_bench.workload import claim_body, claim_path, complete_body, submit_body
 
 
 @dataclass

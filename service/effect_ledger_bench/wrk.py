@@ -13,9 +13,9 @@ import math
 import shutil
 from pathlib import Path
 
-from effect_ledger.bench.procs import children_cpu_seconds
-from effect_ledger.bench.stats import LoadResult
-from effect_ledger.bench.workload import LEASE_SECONDS, TOOL, TOOL_VERSION
+from effect_ledger_bench.procs import children_cpu_seconds
+from effect_ledger_bench.stats import LoadResult
+from effect_ledger_bench.workload import LEASE_SECONDS, TOOL, TOOL_VERSION
 
 SCRIPT = r"""
 local ffi = require("ffi")

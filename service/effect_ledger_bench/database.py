@@ -12,12 +12,12 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
 
-from effect_ledger.bench.procs import postmaster_pid
-from effect_ledger.db.catalogue import sql
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
 from effect_ledger.settings import Settings
+from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.procs import postmaster_pid
 
 LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
 

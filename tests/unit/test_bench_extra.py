@@ -1,0 +1,41 @@
+"""The bench is apart from the product: `effect-ledger bench` without its extra says how to install it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BLOCKED = """
+import sys
+sys.modules[{module!r}] = None  # as if not installed
+from effect_ledger.cli import main
+sys.exit(main(["bench"]))
+"""
+
+
+def _bench_without(module: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKED.format(module=module)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_bench_without_psutil_says_which_extra_to_install() -> None:
+    run = _bench_without("psutil")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == "effect-ledger bench needs psutil: pip install 'effect-ledger[bench]'"
+
+
+def test_bench_without_the_bench_package_says_how_to_install_it() -> None:
+    run = _bench_without("effect_ledger_bench")
+    assert run.returncode == 2, run.stderr
+    assert "pip install 'effect-ledger[bench]'" in run.stderr
+
+
+def test_importing_the_product_never_imports_the_bench() -> None:
+    probe = (
+        "import sys, effect_ledger.cli, effect_ledger.http.app; print('effect_ledger_bench' in sys.modules)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert run.stdout.strip() == "False"
