@@ -7,6 +7,8 @@ CREATE SCHEMA journal;
 
 CREATE SCHEMA ledger;
 
+CREATE SCHEMA tenancy;
+
 CREATE FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) RETURNS TABLE(first_incident text, stored boolean, same_fields boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -83,14 +85,20 @@ ALTER TABLE ONLY ledger.operations FORCE ROW LEVEL SECURITY;
 CREATE FUNCTION ledger.append_events(o ledger.operations, events jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    e record;
 BEGIN
-    INSERT INTO ledger.events (
-        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
-    SELECT o.tenant_id, o.operation_id, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status,
-           e.attempt, e.data, e.prev_hash, e.hash
-    FROM jsonb_to_recordset(events) AS e(
-        seq integer, at timestamptz, kind text, actor text, from_status text, to_status text,
-        attempt integer, data jsonb, prev_hash text, hash text);
+    FOR e IN
+        SELECT * FROM jsonb_to_recordset(events) AS r(
+            seq integer, at timestamptz, kind text, actor text, from_status text, to_status text,
+            attempt integer, data jsonb, prev_hash text, hash text)
+    LOOP
+        INSERT INTO ledger.events (
+            tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
+            prev_hash, hash)
+        VALUES (o.tenant_id, o.operation_id, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status,
+                e.attempt, e.data, e.prev_hash, e.hash);
+    END LOOP;
 END
 $$;
 
@@ -145,8 +153,12 @@ BEGIN
             CALL ledger.submit_state(op, events, now, effect_ref, NULL);
         END IF;
         won := false;
-        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING
-        RETURNING true INTO won;
+        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
+        -- Who won: the row holds our (random) token hash only if our insert made it. Not RETURNING ...
+        -- INTO nor FOUND: on a Citus worker (the call delegated there) the skipped row is still counted.
+        won := EXISTS (SELECT 1 FROM ledger.operations AS o
+                       WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
+                         AND o.claim_token_hash = claim.token_hash);
         IF won THEN
             PERFORM ledger.append_events(op, events);
             outcome := 'created';
@@ -358,7 +370,7 @@ CREATE FUNCTION ledger.lock_operation(tenant text, operation_id text) RETURNS le
 DECLARE
     o ledger.operations;
 BEGIN
-    PERFORM set_config('effect_ledger.tenant', tenant, true);
+    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
     SELECT * INTO o FROM ledger.operations AS t
     WHERE t.tenant_id = lock_operation.tenant AND t.operation_id = lock_operation.operation_id
     FOR UPDATE;
@@ -564,6 +576,23 @@ BEGIN
     IF jsonb_array_length(events) > 0 THEN
         PERFORM ledger.append_events(o, events);
     END IF;
+END
+$$;
+
+CREATE FUNCTION tenancy.bind_setting(name text, value text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF name NOT IN ('effect_ledger.tenant', 'effect_ledger.maintenance', 'effect_ledger.purge') THEN
+        RAISE EXCEPTION 'tenancy.bind_setting sets the effect_ledger settings only, not %', name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- NULL on plain PostgreSQL; on Citus, forward SET LOCAL even if the session was not told to
+    IF current_setting('citus.propagate_set_commands', true) = 'none' THEN
+        PERFORM set_config('citus.propagate_set_commands', 'local', true);
+    END IF;
+    EXECUTE format('SET LOCAL %s = %L', name, value);
+    RETURN clock_timestamp();
 END
 $$;
 
@@ -776,10 +805,17 @@ GRANT USAGE ON SCHEMA journal TO effect_ledger_runtime;
 
 GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime;
 
+GRANT USAGE ON SCHEMA tenancy TO effect_ledger_runtime;
+GRANT USAGE ON SCHEMA tenancy TO effect_ledger_diag_reader;
+
 REVOKE ALL ON FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) FROM PUBLIC;
 GRANT ALL ON FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE ledger.operations TO effect_ledger_runtime;
+
+REVOKE ALL ON FUNCTION tenancy.bind_setting(name text, value text) FROM PUBLIC;
+GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_runtime;
+GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_diag_reader;
 
 GRANT SELECT ON TABLE diagnostics.access_log TO effect_ledger_runtime;
 GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
+import citus_cluster
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
@@ -64,24 +65,40 @@ def pg_admin_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def template_url(pg_admin_url: str) -> AsyncIterator[str]:
-    """A database migrated once by Alembic, cloned by every test that needs one."""
+async def on_citus(pg_admin_url: str) -> bool:
+    """Whether the server under test is a Citus coordinator (the Citus lane of .ci/run)."""
+    return await citus_cluster.is_citus(pg_admin_url)
+
+
+@pytest.fixture(scope="session")
+async def template_url(pg_admin_url: str, on_citus: bool) -> AsyncIterator[str]:
+    """A database migrated once by Alembic, cloned by every test that needs one (on Citus: shared)."""
     name = f"el_template_{os.getpid()}"
     admin = await asyncpg.connect(pg_admin_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(pg_admin_url, name)
+    if on_citus:
+        url = await citus_cluster.create_database(pg_admin_url, name)
+    else:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        url = with_database(pg_admin_url, name)
     await asyncio.to_thread(lambda: asyncio.run(migrate(Settings(database_url=url))))
     try:
         yield url
     finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if on_citus:
+            await citus_cluster.drop_database(pg_admin_url, name)
+        else:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
 
 
 @pytest.fixture
-async def db_url(pg_admin_url: str, template_url: str) -> AsyncIterator[str]:
-    """A fresh database for one test, cloned from the migrated template."""
+async def db_url(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncIterator[str]:
+    """A fresh database for one test, cloned from the migrated template (on Citus: the template, wiped)."""
+    if on_citus:
+        await citus_cluster.wipe(template_url)
+        yield template_url
+        return
     template = urlsplit(template_url).path.lstrip("/")
     name = f"el_test_{os.getpid()}_{next(_counter)}"
     admin = await asyncpg.connect(pg_admin_url)

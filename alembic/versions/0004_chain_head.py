@@ -16,14 +16,27 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-CHAIN_HEAD = r"""
+# Columns first, then their checks under explicit names (the names PostgreSQL would have chosen): Citus
+# refuses ADD COLUMN with an unnamed constraint (every constraint it copies to the shards must be named),
+# refuses ADD CONSTRAINT beside other subcommands, and forwards ADD CONSTRAINT to the workers with the
+# text it was given, so each check is its own script (see docs/citus.md, "Writing a migration").
+COLUMNS = r"""
 ALTER TABLE ledger.operations
-    ADD COLUMN chain_seq integer NOT NULL DEFAULT 0 CHECK (chain_seq >= 0),
-    ADD COLUMN chain_hash text NOT NULL DEFAULT repeat('0', 64) CHECK (chain_hash ~ '^[0-9a-f]{64}$');
+    ADD COLUMN chain_seq integer NOT NULL DEFAULT 0,
+    ADD COLUMN chain_hash text NOT NULL DEFAULT repeat('0', 64);
+"""
+CHECKS = (
+    "ALTER TABLE ledger.operations ADD CONSTRAINT operations_chain_seq_check CHECK (chain_seq >= 0)",
+    "ALTER TABLE ledger.operations"
+    " ADD CONSTRAINT operations_chain_hash_check CHECK (chain_hash ~ '^[0-9a-f]{64}$')",
+)
 
--- Backfill across tenants: the migration login's maintenance policy (0002) needs this switch when it
--- is not a superuser; a superuser bypasses row-level security anyway.
-SELECT set_config('effect_ledger.maintenance', 'on', true);
+# Backfill across tenants: the migration login's maintenance policy (0002) needs this switch when it is
+# not a superuser (a superuser bypasses row-level security anyway). SET LOCAL, not set_config(), so that
+# Citus forwards it to the workers' shards; alone in its script, because Citus forwards it as written.
+BACKFILL = (
+    "SET LOCAL effect_ledger.maintenance = 'on'",
+    r"""
 UPDATE ledger.operations AS o
 SET chain_seq = head.seq, chain_hash = head.hash
 FROM (
@@ -31,14 +44,16 @@ FROM (
     FROM ledger.events
     ORDER BY tenant_id, operation_id, seq DESC
 ) AS head
-WHERE o.tenant_id = head.tenant_id AND o.operation_id = head.operation_id;
-SELECT set_config('effect_ledger.maintenance', 'off', true);
-"""
+WHERE o.tenant_id = head.tenant_id AND o.operation_id = head.operation_id
+""",
+    "SET LOCAL effect_ledger.maintenance = 'off'",
+)
 
 
 def upgrade() -> None:
     """Add and backfill the chain head columns."""
-    execute_script(CHAIN_HEAD)
+    for script in (COLUMNS, *CHECKS, *BACKFILL):
+        execute_script(script)
 
 
 def downgrade() -> None:

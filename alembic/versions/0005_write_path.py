@@ -208,8 +208,12 @@ BEGIN
             CALL ledger.submit_state(op, events, now, effect_ref, NULL);
         END IF;
         won := false;
-        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING
-        RETURNING true INTO won;
+        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
+        -- Who won: the row holds our (random) token hash only if our insert made it. Not RETURNING ...
+        -- INTO nor FOUND: on a Citus worker (the call delegated there) the skipped row is still counted.
+        won := EXISTS (SELECT 1 FROM ledger.operations AS o
+                       WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
+                         AND o.claim_token_hash = claim.token_hash);
         IF won THEN
             PERFORM ledger.append_events(op, events);
             outcome := 'created';

@@ -25,7 +25,11 @@ from ledger_flows import (
     unknown,
 )
 
+from effect_ledger.db.catalogue import sql
 from effect_ledger.domain.chain import GENESIS_HASH, event_hash
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 
 async def verify(client: httpx.AsyncClient, op: str | None = None, tenant: str = "t1") -> dict[str, Any]:
@@ -130,11 +134,12 @@ async def test_verify_holds_then_reports_the_first_edited_seq(client: httpx.Asyn
 
     async with owner(db_url) as conn:
         # the owner (a superuser here) switches the append-only triggers off, as only an attacker would
-        await conn.execute("SET session_replication_role = replica")
-        await conn.execute(
-            "UPDATE ledger.events SET data = jsonb_set(data, '{effect_ref}', '\"forged\"')"
-            " WHERE tenant_id = 't1' AND operation_id = 'v-1' AND seq = 2"
-        )
+        async with conn.transaction():  # SET LOCAL: a Citus coordinator forwards it to the shard's worker
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(
+                "UPDATE ledger.events SET data = jsonb_set(data, '{effect_ref}', '\"forged\"')"
+                " WHERE tenant_id = 't1' AND operation_id = 'v-1' AND seq = 2"
+            )
     assert await verify(client, "v-1") == {"ok": False, "checked": 2, "first_bad_seq": 2}
     assert await verify(client, "v-2") == {"ok": True, "checked": 2, "first_bad_seq": None}
     assert await verify(client) == {
@@ -193,7 +198,7 @@ async def test_runtime_role_has_no_privilege_to_change_events(
     conn = await runtime(db_url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT set_config('effect_ledger.tenant', 't1', true)")
+            await conn.fetchrow(sql("tenant_context"), "t1")
             await conn.execute("SET LOCAL effect_ledger.purge = 'on'")  # the trigger's gate grants nothing
             assert await conn.fetchval("SELECT count(*) FROM ledger.events") == 2
             with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied"):

@@ -129,3 +129,18 @@ async def test_distributes_each_table_by_tenant_once_parents_first(db_url: str) 
         role: ["citus.propagate_set_commands=local"]
         for role in ("effect_ledger_runtime", "effect_ledger_diag_reader", user)
     }
+
+
+async def test_the_migration_helpers_do_nothing_on_plain_postgresql(db_url: str) -> None:
+    from citus_cluster import in_migration
+    from effect_ledger.db.migrate import distribute_by_tenant, distribute_functions, reference_tables
+
+    def helpers() -> None:
+        # names that do not even exist: on plain PostgreSQL the helpers look at nothing but pg_extension
+        distribute_by_tenant("scratch.missing")
+        reference_tables("scratch.missing_too")
+        distribute_functions("scratch.missing(text)")
+
+    before = await asyncio.to_thread(dump_schema, db_url)
+    await asyncio.to_thread(in_migration, db_url, helpers)
+    assert await asyncio.to_thread(dump_schema, db_url) == before

@@ -8,9 +8,14 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 from ledger_flows import CLAIM, claim, events_of, expire_lease
 from ledger_flows import call as post
 from ledger_flows import count_events as event_count
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
 
 SUBMIT = {**CLAIM, "submit": {"effect_ref": "remote-1"}}
 

@@ -6,12 +6,16 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 from ledger_flows import CLAIM, claim, expire_lease
 from ledger_flows import call as post
 from ledger_flows import count_events as event_count
 
 from conftest import auth
 from effect_ledger.domain.canonical import intent_digest
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 
 async def test_new_id_is_granted_with_location_and_token(client: httpx.AsyncClient) -> None:

@@ -8,7 +8,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 TABLES = ("ledger.operations", "ledger.events", "diagnostics.incidents", "diagnostics.access_log")
 PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
@@ -38,26 +42,50 @@ async def owner(db_url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
+class Bound:
+    """A role's connection that runs each statement in its own transaction bound to `tenant` (when set),
+    as the service does: a session-level setting would not reach a Citus worker's shards."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.tenant: str | None = None
+
+    async def _run(self, method: str, query: str, *args: Any) -> Any:
+        async with self.conn.transaction():
+            if self.tenant is not None:
+                await self.conn.fetchrow(sql("tenant_context"), self.tenant)
+            return await getattr(self.conn, method)(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> Any:
+        return await self._run("execute", query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        return await self._run("fetch", query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._run("fetchval", query, *args)
+
+
 @pytest.fixture
-async def runtime(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+async def runtime(db_url: str) -> AsyncIterator[Bound]:
     conn = await connect_as(db_url, RUNTIME_ROLE)
     try:
-        yield conn
+        yield Bound(conn)
     finally:
         await conn.close()
 
 
 @pytest.fixture
-async def reader(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+async def reader(db_url: str) -> AsyncIterator[Bound]:
     conn = await connect_as(db_url, READER_ROLE)
     try:
-        yield conn
+        yield Bound(conn)
     finally:
         await conn.close()
 
 
-async def set_tenant(conn: asyncpg.Connection, tenant: str) -> None:
-    await conn.execute("SELECT set_config('effect_ledger.tenant', $1, false)", tenant)
+def set_tenant(conn: Bound, tenant: str) -> None:
+    conn.tenant = tenant
 
 
 async def denied(call: Callable[[], Awaitable[Any]]) -> str:
@@ -104,9 +132,9 @@ async def test_privilege_matrix_is_exactly_the_contract(owner: asyncpg.Connectio
 
 
 async def test_runtime_writes_incidents_but_cannot_read_them(
-    runtime: asyncpg.Connection, owner: asyncpg.Connection
+    runtime: Bound, owner: asyncpg.Connection
 ) -> None:
-    await set_tenant(runtime, "t1")
+    set_tenant(runtime, "t1")
     assert await runtime.execute(INSERT_INCIDENT, "t1", INC_T1) == "INSERT 0 1"
     message = await denied(lambda: runtime.fetch("SELECT * FROM diagnostics.incidents"))
     assert "permission denied" in message
@@ -126,12 +154,12 @@ async def test_runtime_writes_incidents_but_cannot_read_them(
 
 
 async def test_reader_reads_incidents_and_appends_access_log_only(
-    reader: asyncpg.Connection, owner: asyncpg.Connection
+    reader: Bound, owner: asyncpg.Connection
 ) -> None:
     await seed(owner)
     # No tenant set: the policy matches nothing, so nothing is visible.
     assert await reader.fetchval("SELECT count(*) FROM diagnostics.incidents") == 0
-    await set_tenant(reader, "t1")
+    set_tenant(reader, "t1")
     assert [r["incident_id"] for r in await reader.fetch("SELECT * FROM diagnostics.incidents")] == [INC_T1]
     assert await reader.execute(INSERT_ACCESS, "t1", "acc_1", INC_T1) == "INSERT 0 1"
     await denied(lambda: reader.execute(INSERT_ACCESS, "t2", "acc_2", INC_T2))  # RLS WITH CHECK
@@ -145,9 +173,9 @@ async def test_reader_reads_incidents_and_appends_access_log_only(
         await denied(lambda t=table: reader.fetch(f"SELECT * FROM {t}"))
         await denied(lambda t=table: reader.execute(f"UPDATE {t} SET tenant_id = tenant_id"))
         await denied(lambda t=table: reader.execute(f"DELETE FROM {t}"))
-    await set_tenant(reader, "t2")
+    set_tenant(reader, "t2")
     assert [r["incident_id"] for r in await reader.fetch("SELECT * FROM diagnostics.incidents")] == [INC_T2]
-    await set_tenant(reader, "")
+    set_tenant(reader, "")
     assert await reader.fetchval("SELECT count(*) FROM diagnostics.incidents") == 0
     assert await owner.fetchval("SELECT count(*) FROM diagnostics.access_log") == 1
 

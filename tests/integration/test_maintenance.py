@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import pytest
 from ledger_flows import (
     AUDITOR,
     Seed,
@@ -36,6 +37,9 @@ from conftest import Service, with_database
 from effect_ledger.db.maintenance import PURGE_LOCK, SWEEP_LOCK, purge, sweep
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 
 async def backdate(db_url: str, days: int, *ops: str) -> None:
@@ -99,7 +103,9 @@ async def test_sweep_works_in_batches_and_skips_rows_a_request_holds(db_url: str
     try:
         tx = holder.transaction()
         await tx.start()
-        await holder.execute("SELECT 1 FROM ledger.operations WHERE operation_id = 'old-007' FOR UPDATE")
+        await holder.execute(
+            "SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' AND operation_id = 'old-007' FOR UPDATE"
+        )
         result = await asyncio.wait_for(sweep(replace(settings, sweep_batch_size=100)), timeout=30)
         assert (result.batches, result.counts["swept"]) == (3, 229)
         assert await stored_status(db_url, "old-007", "t1") == "submitted"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from ledger_flows import (
     RECONCILER,
     Seed,
@@ -21,6 +22,9 @@ from ledger_flows import (
     submitted,
     unknown,
 )
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 
 async def list_ids(client: httpx.AsyncClient, **params: Any) -> list[str]:
@@ -82,7 +86,7 @@ async def test_filters_report_the_effective_status(client: httpx.AsyncClient, db
 
     async with owner(db_url) as conn:
         await conn.execute(
-            "UPDATE ledger.operations SET updated_at = updated_at - interval '1 hour'"
+            "UPDATE ledger.operations SET updated_at = now() - interval '1 hour'"
             " WHERE operation_id IN ('a-pending', 'e-committed')"
         )
     cutoff = (datetime.now(UTC) - timedelta(minutes=30)).isoformat()

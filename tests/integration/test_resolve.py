@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 from ledger_flows import (
     EVIDENCE,
     REASON,
@@ -23,6 +24,9 @@ from ledger_flows import (
 )
 
 from conftest import auth
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 NORMALISED_EVIDENCE = {**EVIDENCE, "checked_at": "2026-11-30T10:00:00.000Z"}
 

@@ -7,11 +7,15 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 from ledger_flows import call as post
 from ledger_flows import claim, expire_lease
 from ledger_flows import count_events as event_count
 
 from conftest import auth
+
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
 
 RECEIPT = {"external_ref": "ext-1", "result_digest": "sha256:" + "0f" * 32}
 REASON = {"category": "rejected", "detail_code": "insufficient_funds"}

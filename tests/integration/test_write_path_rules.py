@@ -36,6 +36,9 @@ from effect_ledger.domain.transitions import (
 )
 from effect_ledger.domain.verification import verify_chain
 
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
 TENANT = "t1"
 BINDING = Binding("exec-1", "measure", "2.1.0", "sha256:" + "a" * 64)
 OTHER = Binding("exec-1", "measure", "2.1.0", "sha256:" + "b" * 64)

@@ -181,6 +181,8 @@ def test_citus_replaces_the_cloudnativepg_cluster() -> None:
         (container,) = sts["spec"]["template"]["spec"]["containers"]
         repo, tag, _ = split_image(container["image"])
         assert repo == "citusdata/citus" and tag is not None and VERSION_TAG.match(tag)
+        # the tenant binding (SET LOCAL) must reach the workers' shards (docs/citus.md)
+        assert "citus.propagate_set_commands=local" in container["args"]
         service = one(CITUS, "Service", sts["spec"]["serviceName"])
         assert service["spec"]["clusterIP"] == "None"
         assert selector_matches(

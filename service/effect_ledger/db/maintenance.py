@@ -98,9 +98,13 @@ async def sweep_batch(
         keys = await conn.fetch(sql("sweep_candidates"), batch_size)
         await conn.fetchval(sql("maintenance_scope"), "off")
         for tenant, operation_id in keys:
-            # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies):
-            # ledger.sweep binds it, reads the locked row's chain head and clock, and applies the
-            # expiry rule that complete and resolve apply (domain/transitions.decide_sweep).
+            # Each write runs under the row's own tenant, as a request would (RLS WITH CHECK applies).
+            # Locked by its tenant (one shard) first, and skipped if a request holds it: never waited for.
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            if await conn.fetchrow(sql("lock_operation_unless_held"), tenant, operation_id) is None:
+                continue
+            # ledger.sweep binds the tenant too, reads the locked row's chain head and clock, and applies
+            # the expiry rule that complete and resolve apply (domain/transitions.decide_sweep).
             row = await conn.fetchrow(sql("run_sweep"), tenant, operation_id)
             events = returned_events(row)
             swept += row["outcome"] == "expired"
@@ -120,8 +124,9 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerO
             found, swept = await sweep_batch(conn, batch_size, observer)
             result.batches += 1
             result.counts["swept"] += swept
-            # Locked rows were skipped, not found: a short batch means nothing sweepable is left.
-            if found < batch_size:
+            # A short batch means nothing sweepable is left; a batch that swept nothing holds only rows
+            # that requests hold right now (skipped): leave them to the next run rather than spin.
+            if found < batch_size or swept == 0:
                 return result
 
 
@@ -143,14 +148,19 @@ async def purge_ledger_batch(
         await conn.fetchval(sql("maintenance_scope"), "on")
         await conn.fetchval(sql("purge_mode"))  # SET LOCAL effect_ledger.purge: the events trigger's gate
         keys = await conn.fetch(sql("purge_candidates"), retention_days, batch_size)
-        if not keys:
-            return 0, 0
-        tenants = [k["tenant_id"] for k in keys]
-        operation_ids = [k["operation_id"] for k in keys]
-        digests = [receipt_digest(k["receipt"]) for k in keys]
-        events = await conn.execute(sql("purge_events"), tenants, operation_ids)
-        operations = await conn.execute(sql("tombstone_operations"), tenants, operation_ids, digests)
-    return _deleted(operations), _deleted(events)
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, operation_id in keys:
+            by_tenant.setdefault(tenant, []).append(operation_id)
+        operations = events = 0
+        for tenant, candidates in by_tenant.items():  # one shard (group) at a time on Citus
+            rows = await conn.fetch(sql("lock_purgeable"), tenant, candidates, retention_days)
+            if not rows:
+                continue
+            locked = [r["operation_id"] for r in rows]
+            digests = [receipt_digest(r["receipt"]) for r in rows]
+            events += _deleted(await conn.execute(sql("purge_events"), tenant, locked))
+            operations += _deleted(await conn.execute(sql("tombstone_operations"), tenant, locked, digests))
+    return operations, events
 
 
 async def expire_tombstones_batch(
@@ -162,12 +172,17 @@ async def expire_tombstones_batch(
         await conn.fetchval(sql("maintenance_scope"), "on")
         await conn.fetchval(sql("purge_mode"))
         keys = await conn.fetch(sql("tombstone_candidates"), tombstone_days, batch_size)
-        if not keys:
-            return 0
-        tenants = [k["tenant_id"] for k in keys]
-        operation_ids = [k["operation_id"] for k in keys]
-        await conn.execute(sql("purge_events"), tenants, operation_ids)
-        return _deleted(await conn.execute(sql("purge_operations"), tenants, operation_ids))
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, operation_id in keys:
+            by_tenant.setdefault(tenant, []).append(operation_id)
+        expired = 0
+        for tenant, candidates in by_tenant.items():  # one shard (group) at a time on Citus
+            rows = await conn.fetch(sql("lock_expired_tombstones"), tenant, candidates, tombstone_days)
+            locked = [r["operation_id"] for r in rows]
+            if locked:
+                await conn.execute(sql("purge_events"), tenant, locked)
+                expired += _deleted(await conn.execute(sql("purge_operations"), tenant, locked))
+        return expired
 
 
 def _deleted(status: str) -> int:

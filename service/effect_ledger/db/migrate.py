@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
@@ -46,8 +48,10 @@ async def _set_passwords(settings: Settings) -> None:
     conn = await asyncpg.connect(settings.database_url)
     try:
         await conn.execute(sql("grant_migration_state"))
-        for role, explicit in ((RUNTIME_ROLE, settings.runtime_database_url),
-                               (READER_ROLE, settings.reader_database_url)):
+        for role, explicit in (
+            (RUNTIME_ROLE, settings.runtime_database_url),
+            (READER_ROLE, settings.reader_database_url),
+        ):
             if explicit:
                 continue  # the operator manages this role's password (e.g. CloudNativePG managed roles)
             await conn.fetchrow(sql("set_role_password"), role, derived_password(settings.database_url, role))
@@ -63,12 +67,67 @@ async def migrate(settings: Settings) -> None:
     await _set_passwords(settings)
 
 
-def execute_script(script: str) -> None:
-    """Run a migration's SQL as written: no parameters, so psycopg leaves `%` and `:` alone."""
+def _dbapi_connection() -> psycopg.Connection[Any]:
     from alembic import op
 
-    cursor = op.get_bind().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
+    conn = op.get_bind().connection.dbapi_connection
+    assert isinstance(conn, psycopg.Connection)
+    return conn
+
+
+def execute_script(script: str) -> None:
+    """Run a migration's SQL as written: no parameters, so psycopg leaves `%` and `:` alone.
+
+    On Citus, keep `SET LOCAL` and `ALTER TABLE ... ADD CONSTRAINT` alone in their script: Citus forwards
+    them to the workers with the script's whole text, which a worker refuses as several commands."""
+    with _dbapi_connection().cursor() as cursor:
         cursor.execute(script)
-    finally:
-        cursor.close()
+
+
+def _catalogue(name: str, *params: object) -> Any:
+    """Run a catalogue statement ($n parameters, as asyncpg takes them) on the migration's connection."""
+    with psycopg.RawCursor(_dbapi_connection()) as cursor:
+        cursor.execute(sql(name), params)
+        return cursor.fetchone() if cursor.description else None
+
+
+def on_citus() -> bool:
+    """Whether the database being migrated is a Citus coordinator (the citus extension is installed)."""
+    row = _catalogue("citus_installed")
+    return bool(row and row[0])
+
+
+def distribute_by_tenant(*tables: str) -> None:
+    """Citus: distribute new tables by tenant_id, co-located with ledger.operations (parents first);
+    plain PostgreSQL: nothing. Call it right after creating the tables, while they are empty."""
+    if not on_citus():
+        return
+    for setting, value in (
+        ("citus.multi_shard_modify_mode", "sequential"),
+        ("citus.enable_unsafe_triggers", "on"),
+    ):
+        _catalogue("citus_local_setting", setting, value)
+    for table in tables:
+        _catalogue("citus_distribute_table", table)
+
+
+def reference_tables(*tables: str) -> None:
+    """Citus: make tables without a tenant (small, read everywhere) reference tables, copied to every node;
+    plain PostgreSQL: nothing."""
+    if not on_citus():
+        return
+    for table in tables:
+        _catalogue("citus_reference_table", table)
+
+
+def distribute_functions(
+    *signatures: str, tenant_argument: str = "tenant", force_delegation: bool = False
+) -> None:
+    """Citus: distribute functions by their tenant argument, co-located with ledger.operations, so that a
+    call in autocommit runs on the worker holding that tenant's rows (inside a transaction block too with
+    force_delegation, which then binds the whole transaction to that worker); plain PostgreSQL: nothing.
+    `signatures` as regprocedure text, e.g. 'ledger.sweep(text, text)'."""
+    if not on_citus():
+        return
+    for signature in signatures:
+        _catalogue("citus_distribute_function", signature, tenant_argument, force_delegation)

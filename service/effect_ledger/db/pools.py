@@ -58,7 +58,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release without asyncpg's RESET ALL/UNLISTEN/CLOSE round trip.
 
     asyncpg rolls back any open transaction before calling this. The service never changes session
-    state: the tenant is bound with set_config(..., true), which ends with the transaction, and no
+    state: the tenant is bound with SET LOCAL (tenancy.bind_setting), which ends with the transaction, and no
     pooled connection LISTENs, holds cursors or takes session advisory locks. Saves a round trip per
     request (measured by the bench: +7-10% throughput).
     """

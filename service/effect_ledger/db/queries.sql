@@ -3,8 +3,9 @@
 -- Every statement names tenant_id explicitly even though row-level security also enforces it.
 
 -- name: tenant_context
--- Bind the transaction to the caller's tenant (RLS reads it) and read the database clock.
-SELECT set_config('effect_ledger.tenant', $1::text, true) AS tenant, clock_timestamp() AS db_now;
+-- Bind the transaction to the caller's tenant (RLS reads it; SET LOCAL, so Citus workers see it too)
+-- and read the database clock.
+SELECT $1::text AS tenant, tenancy.bind_setting('effect_ledger.tenant', $1::text) AS db_now;
 
 -- ---------------------------------------------------------------------------------------------
 -- The write path (migration 0005): each call is one statement in autocommit, one round trip. The
@@ -80,6 +81,37 @@ $$;
 -- name: grant_migration_state
 -- Let the runtime role see which migration the database is at (for /readyz).
 GRANT SELECT ON public.alembic_version TO effect_ledger_runtime;
+
+-- ---------------------------------------------------------------------------------------------
+-- Citus helpers for migrations (effect_ledger.db.migrate: distribute_by_tenant, reference_tables,
+-- distribute_functions), run only when citus_installed says so; see docs/citus.md.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: citus_installed
+-- Whether this database has the citus extension (a Citus coordinator).
+SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus';
+
+-- name: citus_local_setting
+-- A setting for the rest of the migration's transaction (only citus.* settings are passed here).
+SELECT set_config($1::text, $2::text, true);
+
+-- name: citus_distribute_table
+-- Distribute a table by tenant_id in ledger.operations' co-location group, unless it already is.
+SELECT create_distributed_table(
+    $1::regclass, 'tenant_id',
+    colocate_with => CASE WHEN $1::regclass = 'ledger.operations'::regclass
+                          THEN 'default' ELSE 'ledger.operations' END)
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass);
+
+-- name: citus_reference_table
+-- Copy a table without a tenant to every node, unless it already is distributed.
+SELECT create_reference_table($1::regclass)
+WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass);
+
+-- name: citus_distribute_function
+-- Run a function's calls on the worker holding its tenant's shard (by the named argument).
+SELECT create_distributed_function(
+    $1::regprocedure, $2::text, colocate_with => 'ledger.operations', force_delegation => $3::boolean);
 
 -- name: migration_head
 -- The migration the database is at.
@@ -223,39 +255,64 @@ SELECT pg_advisory_unlock($1::integer, $2::integer);
 
 -- name: maintenance_scope
 -- Let this owner transaction see every tenant (policy `maintenance`, migration 0002), or stop it.
-SELECT set_config('effect_ledger.maintenance', $1::text, true);
+SELECT tenancy.bind_setting('effect_ledger.maintenance', $1::text);
 
 -- name: sweep_candidates
--- A batch of submitted operations whose lease has expired, across tenants, locked; rows that a
--- request holds are skipped (SKIP LOCKED), so the sweeper never waits on the hot path.
+-- A batch of submitted operations whose lease has expired, across tenants, not locked here: each is
+-- then locked by its tenant (lock_operation_unless_held), since Citus locks rows of one shard at a time.
 SELECT tenant_id, operation_id
 FROM ledger.operations
 WHERE status = 'submitted' AND lease_expires_at <= clock_timestamp()
 ORDER BY lease_expires_at
-LIMIT $1
+LIMIT $1;
+
+-- name: lock_operation_unless_held
+-- lock_operation for the sweeper: a row that a request holds is skipped (SKIP LOCKED, no row back), so
+-- the sweeper never waits on the hot path.
+SELECT o.*, clock_timestamp() AS db_now
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: purge_candidates
--- A batch of terminal operations untouched for the retention period, across tenants, locked, with
--- the receipt whose digest the tombstone keeps. Only committed and not_applied rows that still hold
--- their receipt or reason qualify (operations_purgeable): never pending, submitted, unknown, or a
--- tombstone.
-SELECT tenant_id, operation_id, receipt
+-- A batch of terminal operations untouched for the retention period, across tenants, not locked here
+-- (lock_purgeable locks them by tenant: Citus refuses FOR UPDATE across shards). Only committed and
+-- not_applied rows that still hold their receipt or reason qualify: never pending, submitted, unknown,
+-- or a tombstone.
+SELECT tenant_id, operation_id
 FROM ledger.operations
 WHERE status IN ('committed', 'not_applied') AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL)
   AND updated_at < clock_timestamp() - make_interval(days => $1)
 ORDER BY updated_at
-LIMIT $2
+LIMIT $2;
+
+-- name: lock_purgeable
+-- Lock those of one tenant's candidates that still qualify, with the receipt whose digest the tombstone
+-- keeps; rows a request holds are skipped.
+SELECT operation_id, receipt
+FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[])
+  AND status IN ('committed', 'not_applied') AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL)
+  AND updated_at < clock_timestamp() - make_interval(days => $3)
 FOR UPDATE SKIP LOCKED;
 
 -- name: tombstone_candidates
--- A batch of tombstones whose last change is older than TOMBSTONE_DAYS, across tenants, locked.
+-- A batch of tombstones whose last change is older than TOMBSTONE_DAYS, across tenants, not locked here
+-- (lock_expired_tombstones locks them by tenant).
 SELECT tenant_id, operation_id
 FROM ledger.operations
 WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL
   AND updated_at < clock_timestamp() - make_interval(days => $1)
 ORDER BY updated_at
-LIMIT $2
+LIMIT $2;
+
+-- name: lock_expired_tombstones
+-- Lock those of one tenant's expired-tombstone candidates that still qualify; held rows are skipped.
+SELECT operation_id
+FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[])
+  AND status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL
+  AND updated_at < clock_timestamp() - make_interval(days => $3)
 FOR UPDATE SKIP LOCKED;
 
 -- name: unknown_backlog
@@ -275,31 +332,30 @@ WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() 
 
 -- name: purge_mode
 -- The events trigger allows DELETE only in a transaction that sets this (the purge path).
-SELECT set_config('effect_ledger.purge', 'on', true);
+SELECT tenancy.bind_setting('effect_ledger.purge', 'on');
 
 -- name: purge_events
--- Delete the events of the given operations (before the operations: the foreign key).
-DELETE FROM ledger.events AS e
-USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
-WHERE e.tenant_id = d.tenant_id AND e.operation_id = d.operation_id;
+-- Delete the events of one tenant's given operations (before the operations: the foreign key).
+DELETE FROM ledger.events
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
 -- name: tombstone_operations
--- Turn the given operations (locked by purge_candidates in this transaction, so still terminal) into
--- tombstones: binding, status, attempt, times and chain head stay; the receipt body, reason, effect
+-- Turn one tenant's given operations (locked by lock_purgeable in this transaction, so still terminal)
+-- into tombstones: binding, status, attempt, times and chain head stay; the receipt body, reason, effect
 -- reference and nonce material go; the receipt's digest and the chain point of the cut are kept.
 -- updated_at is not touched: TOMBSTONE_DAYS counts from the same last change as RETENTION_DAYS.
 UPDATE ledger.operations AS o SET
     receipt = NULL, not_applied_reason = NULL, effect_ref = NULL, client_nonce_hash = NULL,
     sealed_token = NULL, receipt_digest = d.receipt_digest, purged_at = clock_timestamp(),
     purged_seq = o.chain_seq, purged_hash = o.chain_hash
-FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, operation_id, receipt_digest)
-WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+FROM unnest($2::text[], $3::text[]) AS d(operation_id, receipt_digest)
+WHERE o.tenant_id = $1 AND o.operation_id = d.operation_id;
 
 -- name: purge_operations
--- Delete the given operations (expired tombstones locked by tombstone_candidates): the ID is gone.
-DELETE FROM ledger.operations AS o
-USING unnest($1::text[], $2::text[]) AS d(tenant_id, operation_id)
-WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id;
+-- Delete one tenant's given operations (expired tombstones locked by lock_expired_tombstones in this
+-- transaction): the ID is gone.
+DELETE FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
 -- ---------------------------------------------------------------------------------------------
 -- Protected diagnostics (docs/api.md section 9). The runtime role inserts incidents but cannot read

@@ -1,0 +1,178 @@
+"""Tests on a Citus cluster: one database made on every node, wiped between tests, and extra workers.
+
+When the server under test (EFFECT_LEDGER_DATABASE_URL) is a Citus coordinator, conftest migrates a
+database created here on the coordinator and on every worker, and each test gets it wiped rather than a
+fresh clone (a Citus database cannot be cloned from a template: every node holds part of it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy import create_engine, pool
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.urls import sqlalchemy_url
+
+# Tests use 4 shards per table (production keeps Citus's 32): quicker DDL and wipes, shards still on
+# every worker.
+TEST_SHARD_COUNT = 4
+
+
+def node_url(url: str, host: str, port: int, database: str | None = None) -> str:
+    """The same login on another node (and optionally another database)."""
+    parts = urlsplit(url)
+    user = parts.username or "postgres"
+    path = "/" + database if database is not None else parts.path
+    return urlunsplit((parts.scheme, f"{user}@{host}:{port}", path, parts.query, parts.fragment))
+
+
+async def is_citus(url: str) -> bool:
+    """Whether the database at url has the citus extension (then it is a coordinator)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'"))
+    finally:
+        await conn.close()
+
+
+async def nodes(url: str) -> tuple[tuple[str, int], list[tuple[str, int]]]:
+    """(coordinator, workers) as registered in the database at url."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT groupid, nodename, nodeport FROM pg_dist_node ORDER BY nodeid")
+    finally:
+        await conn.close()
+    coordinator = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] == 0]
+    workers = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] != 0]
+    return (
+        coordinator[0] if coordinator else (urlsplit(url).hostname or "", urlsplit(url).port or 5432)
+    ), workers
+
+
+async def create_on_node(admin_url: str, host: str, port: int, name: str) -> None:
+    """A new database called name on one node, with the citus extension."""
+    conn = await asyncpg.connect(node_url(admin_url, host, port, "postgres"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(node_url(admin_url, host, port, name))
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
+    finally:
+        await conn.close()
+
+
+async def create_database(admin_url: str, name: str) -> str:
+    """An empty Citus database called name on the coordinator and every worker of admin_url's cluster."""
+    (chost, cport), workers = await nodes(admin_url)
+    for host, port in [(chost, cport), *workers]:
+        await create_on_node(admin_url, host, port, name)
+    url = node_url(admin_url, chost, cport, name)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f'ALTER DATABASE "{name}" SET citus.shard_count = {TEST_SHARD_COUNT}')
+        await conn.fetchval("SELECT citus_set_coordinator_host($1, $2)", chost, cport)
+        for host, port in workers:
+            await conn.fetchval("SELECT citus_add_node($1, $2)", host, port)
+    finally:
+        await conn.close()
+    return url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    """Drop name on every node of the cluster (workers first)."""
+    (chost, cport), workers = await nodes(admin_url)
+    for host, port in [*workers, (chost, cport)]:
+        conn = await asyncpg.connect(node_url(admin_url, host, port, "postgres"))
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+async def wipe(url: str) -> None:
+    """Delete every row of every distributed table, referencing tables first, as a purge would."""
+    conn = await asyncpg.connect(url)
+    try:
+        tables = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT logicalrelid::regclass::text FROM pg_dist_partition ORDER BY logicalrelid"
+            )
+        ]
+        edges = await conn.fetch(
+            "SELECT conrelid::regclass::text AS child, confrelid::regclass::text AS parent"
+            " FROM pg_constraint WHERE contype = 'f' AND conrelid <> confrelid"
+        )
+        order: list[str] = []
+        remaining = set(tables)
+        while remaining:
+            # a table nothing remaining references goes first
+            free = sorted(
+                t for t in remaining if not any(e["parent"] == t and e["child"] in remaining for e in edges)
+            )
+            order += free
+            remaining -= set(free)
+        async with conn.transaction():
+            await conn.fetchval(sql("maintenance_scope"), "on")
+            await conn.fetchval(sql("purge_mode"))
+            for table in order:
+                await conn.execute(f"DELETE FROM {table}")
+    finally:
+        await conn.close()
+
+
+def scripts_dir() -> Path | None:
+    """../shared/citus beside the repository (or EFFECT_LEDGER_CITUS_SCRIPTS), when it is there."""
+    configured = os.environ.get("EFFECT_LEDGER_CITUS_SCRIPTS")
+    candidate = Path(configured) if configured else Path(__file__).resolve().parents[2] / "shared" / "citus"
+    return candidate if (candidate / "cluster.sh").exists() else None
+
+
+def start_node(data_dir: Path, port: int) -> None:
+    """One more Citus node (a cluster.sh "coordinator" with no workers) on 127.0.0.1:port."""
+    scripts = scripts_dir()
+    assert scripts is not None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (data_dir.parent, data_dir):
+        folder.chmod(0o755)  # the postgres user runs the node
+    done = subprocess.run(
+        [str(scripts / "cluster.sh"), "start", str(data_dir), str(port), "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def stop_node(data_dir: Path) -> None:
+    """Stop a node started by start_node."""
+    scripts = scripts_dir()
+    assert scripts is not None
+    subprocess.run(
+        [str(scripts / "cluster.sh"), "stop", str(data_dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def in_migration(url: str, step: Callable[[], None]) -> None:
+    """Run a migration step (code that uses alembic's `op`) on url, in one transaction, as Alembic would."""
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection, Operations.context(MigrationContext.configure(connection)):
+            step()
+    finally:
+        engine.dispose()
