@@ -31,7 +31,7 @@ from effect_ledger.http.auth import AUDIT, JOURNAL_READ, JOURNAL_WRITE, Caller, 
 from effect_ledger.http.context import caller_of, ledger_of
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.paging import QueryProblems
-from effect_ledger.http.schemas import strict_body, strict_convert
+from effect_ledger.http.schemas import StrictBody, strict, strict_convert
 
 SESSION_ID = re.compile(r"^ses_[A-Za-z0-9_-]{22,64}$")
 SESSION_PATH = "/{session_id:str}"
@@ -43,14 +43,6 @@ class CreateSessionBody(Struct, forbid_unknown_fields=True):
     """POST /v1/sessions: `{}` or `{"labels": {str: str}}`, at most 16 labels."""
 
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=16)] = {}
-
-
-class AppendEnvelope(Struct):
-    """POST /v1/sessions/{id}/records as documented; decoded strictly by the handler (AppendBody)."""
-
-    expected_revision: int
-    records: list[dict[str, Any]]
-    client_nonce: str | None = None
 
 
 def _session_id(raw: str) -> str:
@@ -104,6 +96,19 @@ def _decode_append(raw: bytes) -> AppendBody:
     return strict_convert(value, AppendBody)
 
 
+class AppendDTO(StrictBody[AppendBody]):
+    """The append body, decoded once: future schema versions are refused first (never interpreted),
+    then the whole batch is decoded strictly into AppendBody. A refusal is handed to the handler as a
+    value, so that it is counted and logged as an append outcome like every other."""
+
+    def decode_bytes(self, value: bytes) -> Any:
+        """AppendBody, or the LedgerError that refuses the body (see _decode_append)."""
+        try:
+            return _decode_append(value)
+        except LedgerError as refusal:
+            return refusal
+
+
 def _optional_int(q: QueryProblems, name: str, value: str | None, minimum: int) -> int | None:
     if value is None or value == "":
         return None
@@ -119,12 +124,12 @@ class JournalController(Controller):
     path = "/v1/sessions"
     tags = ("journal",)
 
-    @post("/", guards=[requires(JOURNAL_WRITE)], status_code=201)
+    @post("/", guards=[requires(JOURNAL_WRITE)], status_code=201, **strict(CreateSessionBody))
     async def create(
         self, request: Request[Any, Any, Any], data: JSONBody[CreateSessionBody]
     ) -> Response[Any]:
         """A new session owned by the caller (tenant and principal), at revision 0."""
-        body = await strict_body(request, CreateSessionBody)
+        body = data
         caller = caller_of(request)
         session_id = "ses_" + secrets.token_urlsafe(18)  # 144 random bits, chosen by the service
         async with _metrics(request).observe("create", session_id=session_id, revision=0):
@@ -139,14 +144,25 @@ class JournalController(Controller):
         }
         return Response(answer, status_code=201, headers={"Location": f"/v1/sessions/{session_id}"})
 
-    @post(SESSION_PATH + "/records", guards=[requires(JOURNAL_WRITE)], status_code=200)
+    @post(
+        SESSION_PATH + "/records",
+        guards=[requires(JOURNAL_WRITE)],
+        status_code=200,
+        dto=AppendDTO,
+        return_dto=None,
+    )
     async def append(
-        self, request: Request[Any, Any, Any], session_id: FromPath[str], data: JSONBody[AppendEnvelope]
+        self,
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        data: JSONBody[AppendBody | LedgerError],
     ) -> Response[Any]:
         """Append a batch at expected_revision: all or nothing, in one transaction."""
         async with _metrics(request).observe("append") as line:
             line["session_id"] = sid = _session_id(session_id)
-            body = _decode_append(await request.body())
+            if isinstance(data, LedgerError):
+                raise data
+            body = data
             caller = caller_of(request)
             records = [stored_form(r) for r in body.records]
             cmd = AppendCommand(
