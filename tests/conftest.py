@@ -116,8 +116,10 @@ def settings(db_url: str) -> Settings:
     return Settings(database_url=db_url, jwt_secret=TEST_SECRET, background_sweep=False, pool_size=20)
 
 
-def token(tenant: str = "t1", sub: str = "exec-1", scope: str = " ".join(ALL_SCOPES), ttl: int = 600) -> str:
-    """A valid test token."""
+def token(
+    tenant: str = "t1", sub: str = "exec-1", scope: str = " ".join(ALL_SCOPES), ttl: int = 6 * 3600
+) -> str:
+    """A valid test token; it outlives any run, because modules mint theirs at import."""
     return mint_token(TEST_SECRET, tenant, sub, scope, Settings(), ttl)
 
 
