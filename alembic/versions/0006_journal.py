@@ -14,7 +14,7 @@ Revises: 0004
 Create Date: 2026-11-30
 """
 
-from effect_ledger.db.migrate import execute_script
+from effect_ledger.db.migrate import distribute_by_tenant, execute_script
 
 revision = "0006"
 down_revision = "0005"
@@ -84,32 +84,12 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON journal.sessions TO effect_ledger_runtim
 GRANT SELECT, INSERT ON journal.records TO effect_ledger_runtime;
 """
 
-DISTRIBUTE = r"""
--- Citus: distribute by tenant_id, co-located with ledger.operations (0003), parents first; the role
--- settings 0003 made (citus.propagate_set_commands) already cover these tables.
-DO $$
-DECLARE
-    tables constant text[] := ARRAY['journal.sessions', 'journal.records'];
-    relation text;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
-        RETURN;  -- plain PostgreSQL
-    END IF;
-    PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
-    FOREACH relation IN ARRAY tables LOOP
-        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = relation::regclass);
-        PERFORM create_distributed_table(
-            relation::regclass, 'tenant_id', colocate_with => 'ledger.operations');
-    END LOOP;
-END
-$$;
-"""
-
 
 def upgrade() -> None:
     """Create the journal schema: sessions, records, row-level security, grants, Citus distribution."""
-    for script in (JOURNAL, DISTRIBUTE):
-        execute_script(script)
+    execute_script(JOURNAL)
+    # Citus: by tenant_id, co-located with ledger.operations, parents first; nothing on plain PostgreSQL.
+    distribute_by_tenant("journal.sessions", "journal.records")
 
 
 def downgrade() -> None:

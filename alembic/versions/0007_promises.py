@@ -21,19 +21,31 @@ Revises: 0005
 Create Date: 2026-11-30
 """
 
-from effect_ledger.db.migrate import execute_script
+from effect_ledger.db.migrate import distribute_by_tenant, execute_script
 
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-DIAGNOSTICS = r"""
+# Columns first, then each constraint under its name (the one PostgreSQL would have chosen), one
+# ADD/DROP CONSTRAINT per script: Citus refuses unnamed constraints on ADD COLUMN and ADD CONSTRAINT
+# beside other subcommands, and forwards it to the workers as written (0004's pattern, docs/citus.md).
+DIAGNOSTICS = (
+    r"""
 ALTER TABLE diagnostics.incidents
-    ADD COLUMN report_key bytea CHECK (octet_length(report_key) = 32),
-    ADD COLUMN report_fingerprint bytea CHECK (octet_length(report_fingerprint) = 32),
-    ADD CONSTRAINT incidents_report_once UNIQUE (tenant_id, principal, report_key);
+    ADD COLUMN report_key bytea,
+    ADD COLUMN report_fingerprint bytea
+""",
+    "ALTER TABLE diagnostics.incidents"
+    " ADD CONSTRAINT incidents_report_key_check CHECK (octet_length(report_key) = 32)",
+    "ALTER TABLE diagnostics.incidents"
+    " ADD CONSTRAINT incidents_report_fingerprint_check CHECK (octet_length(report_fingerprint) = 32)",
+    "ALTER TABLE diagnostics.incidents"
+    " ADD CONSTRAINT incidents_report_once UNIQUE (tenant_id, principal, report_key)",
+)
 
+STORE_REPORT = r"""
 -- A report with a report_id is stored through this function, which runs as the owner: INSERT ...
 -- ON CONFLICT needs SELECT on the arbiter's columns, which the runtime role must never have. It
 -- answers only a reference and two verdicts, never a stored value. The tenant comes from the
@@ -78,16 +90,23 @@ GRANT EXECUTE ON FUNCTION diagnostics.store_report(
     TO effect_ledger_runtime;
 """
 
-FEED = r"""
-ALTER TABLE ledger.operations ADD COLUMN feed_position bigint CHECK (feed_position >= 1);
--- The feed in position order (replacing the resolution-time order of 0001's operations_receipts),
--- and the (small) set of committed rows still waiting for a position.
-DROP INDEX ledger.operations_receipts;
-CREATE UNIQUE INDEX operations_feed ON ledger.operations (tenant_id, feed_position)
-    WHERE status = 'committed';
-CREATE INDEX operations_unpositioned ON ledger.operations (tenant_id, resolved_at, operation_id)
-    WHERE status = 'committed' AND feed_position IS NULL;
+FEED_COLUMN = (
+    "ALTER TABLE ledger.operations ADD COLUMN feed_position bigint",
+    "ALTER TABLE ledger.operations ADD CONSTRAINT operations_feed_position_check CHECK (feed_position >= 1)",
+)
 
+# The feed in position order (replacing the resolution-time order of 0001's operations_receipts),
+# and the (small) set of committed rows still waiting for a position. One statement per script: Citus
+# forwards index DDL on a distributed table to the workers with the script's text.
+FEED_INDEXES = (
+    "DROP INDEX ledger.operations_receipts",
+    "CREATE UNIQUE INDEX operations_feed ON ledger.operations (tenant_id, feed_position)"
+    " WHERE status = 'committed'",
+    "CREATE INDEX operations_unpositioned ON ledger.operations (tenant_id, resolved_at, operation_id)"
+    " WHERE status = 'committed' AND feed_position IS NULL",
+)
+
+FEED = r"""
 CREATE TABLE ledger.feed_counters (
     tenant_id     text   NOT NULL,
     last_position bigint NOT NULL CHECK (last_position >= 0),
@@ -101,22 +120,14 @@ CREATE POLICY tenant_isolation ON ledger.feed_counters
 CREATE POLICY maintenance ON ledger.feed_counters TO CURRENT_USER
     USING (current_setting('effect_ledger.maintenance', true) = 'on');
 GRANT SELECT, INSERT, UPDATE ON ledger.feed_counters TO effect_ledger_runtime;
--- On Citus the counter lives in the tenant's shard group (as 0003 does for the other tables), so
--- the lock, the stamping and the feed read of one tenant are all single-shard, on one node.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
-        RETURN;  -- plain PostgreSQL (pg_dist_partition exists only with Citus: planned only past here)
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'ledger.feed_counters'::regclass) THEN
-        PERFORM create_distributed_table(
-            'ledger.feed_counters'::regclass, 'tenant_id', colocate_with => 'ledger.operations');
-    END IF;
-END
-$$;
+"""
 
--- Backfill: what is committed now gets positions in resolution order, per tenant.
-SELECT set_config('effect_ledger.maintenance', 'on', true);
+# Backfill: what is committed now gets positions in resolution order, per tenant. Across tenants, so
+# with the maintenance switch (0002), set by SET LOCAL alone in its script so that Citus forwards it to
+# the workers (0004's pattern). Both statements group by tenant_id, so Citus runs them on every shard.
+FEED_BACKFILL = (
+    "SET LOCAL effect_ledger.maintenance = 'on'",
+    r"""
 UPDATE ledger.operations AS o
 SET feed_position = n.position
 FROM (
@@ -125,39 +136,54 @@ FROM (
     FROM ledger.operations
     WHERE status = 'committed'
 ) AS n
-WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id;
+WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id
+""",
+    r"""
 INSERT INTO ledger.feed_counters (tenant_id, last_position)
 SELECT tenant_id, max(feed_position) FROM ledger.operations
 WHERE feed_position IS NOT NULL
-GROUP BY tenant_id;
-SELECT set_config('effect_ledger.maintenance', 'off', true);
-"""
+GROUP BY tenant_id
+""",
+    "SET LOCAL effect_ledger.maintenance = 'off'",
+)
 
-TOMBSTONES = r"""
--- A tombstone is a terminal row whose receipt body and reason were purged (both NULL): nothing else
--- terminal looks so. A new attempt on a purged not_applied ID fills them again when it ends, which
--- makes the row purgeable again. purged_seq/purged_hash: the chain point the purge cut at, from
--- which the remaining (later) events still verify.
+# A tombstone is a terminal row whose receipt body and reason were purged (both NULL): nothing else
+# terminal looks so. A new attempt on a purged not_applied ID fills them again when it ends, which
+# makes the row purgeable again. purged_seq/purged_hash: the chain point the purge cut at, from
+# which the remaining (later) events still verify. Columns, then one constraint change per script.
+TOMBSTONE_COLUMNS = (
+    r"""
 ALTER TABLE ledger.operations
     ADD COLUMN purged_at timestamptz,
-    ADD COLUMN purged_seq integer CHECK (purged_seq >= 0),
-    ADD COLUMN purged_hash text CHECK (purged_hash ~ '^[0-9a-f]{64}$'),
-    ADD COLUMN receipt_digest text CHECK (receipt_digest ~ '^sha256:[0-9a-f]{64}$'),
-    ADD CONSTRAINT operations_purge_point CHECK ((purged_seq IS NULL) = (purged_hash IS NULL)),
-    DROP CONSTRAINT operations_check,
-    DROP CONSTRAINT operations_check1,
-    ADD CONSTRAINT operations_committed_receipt
-        CHECK (status <> 'committed' OR receipt IS NOT NULL OR receipt_digest IS NOT NULL),
-    ADD CONSTRAINT operations_not_applied_reason
-        CHECK (status <> 'not_applied' OR not_applied_reason IS NOT NULL OR purged_seq IS NOT NULL);
--- Purge walks live terminal rows by age; tombstone expiry walks tombstones by age. Two partial
--- indexes, so neither ever scans through the other's rows (400 days of tombstones, say).
-DROP INDEX ledger.operations_terminal_age;
-CREATE INDEX operations_purgeable ON ledger.operations (updated_at)
-    WHERE status IN ('committed', 'not_applied') AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL);
-CREATE INDEX operations_tombstones ON ledger.operations (updated_at)
-    WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL;
-"""
+    ADD COLUMN purged_seq integer,
+    ADD COLUMN purged_hash text,
+    ADD COLUMN receipt_digest text
+""",
+    "ALTER TABLE ledger.operations ADD CONSTRAINT operations_purged_seq_check CHECK (purged_seq >= 0)",
+    "ALTER TABLE ledger.operations"
+    " ADD CONSTRAINT operations_purged_hash_check CHECK (purged_hash ~ '^[0-9a-f]{64}$')",
+    "ALTER TABLE ledger.operations"
+    " ADD CONSTRAINT operations_receipt_digest_check CHECK (receipt_digest ~ '^sha256:[0-9a-f]{64}$')",
+    "ALTER TABLE ledger.operations"
+    " ADD CONSTRAINT operations_purge_point CHECK ((purged_seq IS NULL) = (purged_hash IS NULL))",
+    "ALTER TABLE ledger.operations DROP CONSTRAINT operations_check",
+    "ALTER TABLE ledger.operations DROP CONSTRAINT operations_check1",
+    "ALTER TABLE ledger.operations ADD CONSTRAINT operations_committed_receipt"
+    " CHECK (status <> 'committed' OR receipt IS NOT NULL OR receipt_digest IS NOT NULL)",
+    "ALTER TABLE ledger.operations ADD CONSTRAINT operations_not_applied_reason"
+    " CHECK (status <> 'not_applied' OR not_applied_reason IS NOT NULL OR purged_seq IS NOT NULL)",
+)
+
+# Purge walks live terminal rows by age; tombstone expiry walks tombstones by age. Two partial
+# indexes, so neither ever scans through the other's rows (400 days of tombstones, say).
+TOMBSTONE_INDEXES = (
+    "DROP INDEX ledger.operations_terminal_age",
+    "CREATE INDEX operations_purgeable ON ledger.operations (updated_at)"
+    " WHERE status IN ('committed', 'not_applied')"
+    " AND (receipt IS NOT NULL OR not_applied_reason IS NOT NULL)",
+    "CREATE INDEX operations_tombstones ON ledger.operations (updated_at)"
+    " WHERE status IN ('committed', 'not_applied') AND receipt IS NULL AND not_applied_reason IS NULL",
+)
 
 # The write path's functions (0005) judge a repeat with ledger.same_outcome; the domain's rules
 # changed in two places (domain/transitions.same_outcome and decide_resolve): a tombstone has no
@@ -180,7 +206,12 @@ $$;
 def upgrade() -> None:
     """Diagnostics report keys, feed positions with their counters, tombstone columns, and the write
     path's same-outcome rule for tombstones and `unresolved`."""
-    for script in (DIAGNOSTICS, FEED, TOMBSTONES, WRITE_PATH_RULES):
+    for script in (*DIAGNOSTICS, STORE_REPORT, *FEED_COLUMN, *FEED_INDEXES, FEED):
+        execute_script(script)
+    # On Citus the counter lives in the tenant's shard group, so the lock, the stamping and the feed
+    # read of one tenant are all single-shard, on one node. Nothing on plain PostgreSQL.
+    distribute_by_tenant("ledger.feed_counters")
+    for script in (*FEED_BACKFILL, *TOMBSTONE_COLUMNS, *TOMBSTONE_INDEXES, WRITE_PATH_RULES):
         execute_script(script)
 
 

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.storage, pytest.mark.citus, pytest.mark.slow]
 
 TENANTS = [f"grow-{n}" for n in range(8)]  # spread over the shards
 RECEIPT = {"external_ref": "rcpt", "result": {"ok": True}}
+REBALANCE_SECONDS = 90
 
 
 @pytest.fixture
@@ -131,7 +132,14 @@ async def test_a_third_worker_joins_and_shards_move_while_executors_claim(
                 await admin.fetchval("SELECT citus_add_node($1, $2)", host, port)
                 # no wal_level = logical on these nodes: moves block writes to the moving shards meanwhile
                 await admin.fetchval("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
-                await admin.fetchval("SELECT citus_rebalance_wait()")
+                # bounded: a move that never finishes fails here, with the background tasks' state
+                try:
+                    await asyncio.wait_for(admin.fetchval("SELECT citus_rebalance_wait()"), REBALANCE_SECONDS)
+                except TimeoutError:
+                    tasks_state = await admin.fetch(
+                        "SELECT task_id, status, retry_count, message FROM pg_dist_background_task"
+                    )
+                    pytest.fail(f"the rebalance did not finish in {REBALANCE_SECONDS} s: {tasks_state}")
                 during = executors.count()
                 jobs = await admin.fetch("SELECT state FROM pg_dist_background_job")
             finally:

@@ -16,6 +16,8 @@ from ledger_flows import submitted
 
 from conftest import auth, runtime_connection
 
+pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
+
 WRITE = "diagnostics:write"
 REPORT_ID = "rep-2026-11-30-000001"
 BODY = {"phase": "first_byte", "cause": "timeout", "elapsed_ms": 30000, "headers": {"Retry-After": "3"},

@@ -27,6 +27,8 @@ from conftest import Service
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.settings import Settings
 
+pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
+
 NONCE = "nonce-0123456789abcdef"
 
 
@@ -267,8 +269,12 @@ async def test_caps_per_session_and_per_record(settings: Settings) -> None:
 
 
 async def test_a_failure_on_a_later_record_leaves_revision_and_records_unchanged(
-    client: httpx.AsyncClient, db_url: str
+    client: httpx.AsyncClient, db_url: str, on_citus: bool
 ) -> None:
+    if on_citus:
+        pytest.skip(
+            "injects the failure with a trigger, and Citus refuses CREATE TRIGGER on a distributed table"
+        )
     sid = await new_session(client)
     await append(client, sid, 0, [user()])
     async with owner(db_url) as conn:  # inject a failure on the third record of the next batch

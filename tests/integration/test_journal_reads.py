@@ -30,6 +30,8 @@ from conftest import auth
 from effect_ledger.db.maintenance import purge
 from effect_ledger.settings import Settings
 
+pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
+
 SECRET_CONTENT = "the-secret-content-7f3a"
 
 

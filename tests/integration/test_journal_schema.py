@@ -3,15 +3,10 @@ the calls need, and distributed with the ledger on Citus (migration 0006)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import asyncpg
 import pytest
-from test_citus_migration import STUBS
 
 from conftest import runtime_connection
-from effect_ledger.db.migrate import migrations_dir
 
 SESSION = (
     "INSERT INTO journal.sessions (tenant_id, session_id, principal, created_at, updated_at)"
@@ -21,15 +16,6 @@ RECORD = (
     "INSERT INTO journal.records (tenant_id, session_id, seq, record, schema, jcs_bytes, accepted_at)"
     " VALUES ($1, $2, 1, '{}', 1, 2, now())"
 )
-
-
-def journal_migration() -> object:
-    [path] = Path(migrations_dir(), "versions").glob("*_journal.py")
-    spec = importlib.util.spec_from_file_location("journal_migration", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def test_keys_start_with_tenant_and_rls_is_forced(db_url: str) -> None:
@@ -79,24 +65,24 @@ async def test_runtime_role_sees_only_its_tenant_and_cannot_rewrite_records(db_u
         await runtime.close()
 
 
-async def test_citus_distributes_sessions_then_records_with_the_ledger(db_url: str) -> None:
-    script: str = journal_migration().DISTRIBUTE  # type: ignore[attr-defined]
-    guard = "IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN"
-    assert guard in script
+@pytest.mark.storage
+async def test_citus_distributes_sessions_and_records_with_the_ledger(db_url: str, on_citus: bool) -> None:
+    # 0006 calls distribute_by_tenant (tested on plain PostgreSQL in test_citus_migration.py); on the
+    # cluster (the Citus lane) both tables are distributed by tenant_id in ledger.operations' group
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute(STUBS)  # the stand-ins of the ledger's Citus test, which also want this set:
-        await conn.execute("SET citus.enable_unsafe_triggers = 'on'")
-        await conn.execute(script)  # plain PostgreSQL: nothing distributed
-        assert await conn.fetchval("SELECT count(*) FROM public.pg_dist_partition") == 0
-        for _ in range(2):  # a second run distributes nothing more
-            await conn.execute(script.replace(guard, "IF false THEN"))
+        if not on_citus:
+            assert await conn.fetchval("SELECT to_regclass('pg_catalog.pg_dist_partition')") is None
+            return
         rows = await conn.fetch(
-            "SELECT logicalrelid::text, colocate_with FROM public.pg_dist_partition ORDER BY ctid"
+            "SELECT logicalrelid::text AS name, column_to_column_name(logicalrelid, partkey) AS column,"
+            " colocationid = (SELECT colocationid FROM pg_dist_partition"
+            "                 WHERE logicalrelid = 'ledger.operations'::regclass) AS with_ledger"
+            " FROM pg_dist_partition WHERE logicalrelid::text LIKE 'journal.%' ORDER BY 1"
         )
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [
-        ("journal.sessions", "ledger.operations"),
-        ("journal.records", "ledger.operations"),
+        ("journal.records", "tenant_id", True),
+        ("journal.sessions", "tenant_id", True),
     ]

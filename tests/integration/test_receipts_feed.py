@@ -15,6 +15,8 @@ from ledger_flows import AUDITOR, RECEIPT, committed, get, owner, pending
 
 from conftest import runtime_connection
 
+pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
+
 WRITERS = 6
 PER_WRITER = 15
 HELD = 4
@@ -27,12 +29,13 @@ async def _commit_in_a_held_transaction(db_url: str, op: str, started: asyncio.E
     conn = await runtime_connection(db_url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT set_config('effect_ledger.tenant', 't1', true)")
+            # bound as the service binds (SET LOCAL, which Citus forwards to the worker's shard)
+            await conn.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', 't1')")
             receipt = json.dumps({**RECEIPT, "result_digest": None, "result": None, "observed_at": None,
                                   "recorded_by": "exec-1", "recorded_at": None})
             status = await conn.execute(
                 "UPDATE ledger.operations SET status = 'committed', receipt = $2::jsonb, lease_expires_at = NULL,"
-                " resolved_at = clock_timestamp(), resolved_by = 'exec-1', updated_at = clock_timestamp()"
+                " resolved_at = statement_timestamp(), resolved_by = 'exec-1', updated_at = statement_timestamp()"
                 " WHERE tenant_id = 't1' AND operation_id = $1", op, receipt)
             assert status == "UPDATE 1"
             started.set()

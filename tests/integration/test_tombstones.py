@@ -22,6 +22,8 @@ from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.http.auth import ALL_SCOPES
 from effect_ledger.settings import Settings, SettingsError
 
+pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
+
 
 async def backdate(db_url: str, days: int, *ops: str) -> None:
     async with owner(db_url) as conn:

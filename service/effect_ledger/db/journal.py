@@ -164,13 +164,22 @@ async def delete_session(ledger: Ledger, tenant: str, principal: str, session_id
 
 
 async def purge_idle_sessions(conn: asyncpg.Connection, retention_days: int, batch_size: int) -> int:
-    """Owner connection: delete idle sessions (and their records) in batches; how many sessions."""
+    """Owner connection: delete idle sessions (and their records) in batches; how many sessions.
+
+    Each batch is chosen across tenants without a lock, then locked and deleted tenant by tenant (one
+    shard group at a time on Citus); a full batch that deleted nothing (all held) ends the run."""
     total = 0
     while True:
+        deleted = 0
         async with conn.transaction():
             await conn.fetchval(sql("maintenance_scope"), "on")
-            status = await conn.execute(sql("journal_purge_idle"), retention_days, batch_size)
-        deleted = int(status.split()[-1])
+            keys = await conn.fetch(sql("journal_idle_candidates"), retention_days, batch_size)
+            by_tenant: dict[str, list[str]] = {}
+            for tenant, session_id in keys:
+                by_tenant.setdefault(tenant, []).append(session_id)
+            for tenant, candidates in by_tenant.items():
+                status = await conn.execute(sql("journal_purge_idle"), tenant, candidates, retention_days)
+                deleted += int(status.split()[-1])
         total += deleted
-        if deleted < batch_size:
+        if len(keys) < batch_size or deleted == 0:
             return total

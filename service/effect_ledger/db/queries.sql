@@ -344,9 +344,10 @@ WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 -- into tombstones: binding, status, attempt, times and chain head stay; the receipt body, reason, effect
 -- reference and nonce material go; the receipt's digest and the chain point of the cut are kept.
 -- updated_at is not touched: TOMBSTONE_DAYS counts from the same last change as RETENTION_DAYS.
+-- statement_timestamp(), not clock_timestamp(): Citus refuses VOLATILE functions in an UPDATE.
 UPDATE ledger.operations AS o SET
     receipt = NULL, not_applied_reason = NULL, effect_ref = NULL, client_nonce_hash = NULL,
-    sealed_token = NULL, receipt_digest = d.receipt_digest, purged_at = clock_timestamp(),
+    sealed_token = NULL, receipt_digest = d.receipt_digest, purged_at = statement_timestamp(),
     purged_seq = o.chain_seq, purged_hash = o.chain_hash
 FROM unnest($2::text[], $3::text[]) AS d(operation_id, receipt_digest)
 WHERE o.tenant_id = $1 AND o.operation_id = d.operation_id;
@@ -476,13 +477,21 @@ DELETE FROM journal.sessions
 WHERE tenant_id = $1 AND session_id = $2 AND principal = $3
 RETURNING session_id;
 
+-- name: journal_idle_candidates
+-- Up to $2 sessions unchanged for $1 days, across tenants (owner, maintenance scope), oldest first, not
+-- locked here: journal_purge_idle locks and deletes them by tenant (Citus refuses FOR UPDATE across shards).
+SELECT tenant_id, session_id
+FROM journal.sessions
+WHERE updated_at < clock_timestamp() - make_interval(days => $1)
+ORDER BY updated_at
+LIMIT $2;
+
 -- name: journal_purge_idle
--- Delete up to $2 sessions unchanged for $1 days, across tenants (owner, maintenance scope), with
--- their records; sessions an append holds are skipped, not waited for.
+-- Delete those of one tenant's candidates that are still idle, with their records (ON DELETE CASCADE);
+-- sessions an append holds are skipped, not waited for.
 DELETE FROM journal.sessions
-WHERE (tenant_id, session_id) IN (
-    SELECT tenant_id, session_id FROM journal.sessions
-    WHERE updated_at < clock_timestamp() - make_interval(days => $1)
-    ORDER BY updated_at
-    LIMIT $2
+WHERE tenant_id = $1 AND session_id IN (
+    SELECT session_id FROM journal.sessions
+    WHERE tenant_id = $1 AND session_id = ANY($2::text[])
+      AND updated_at < clock_timestamp() - make_interval(days => $3)
     FOR UPDATE SKIP LOCKED);
