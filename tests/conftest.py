@@ -15,8 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import psycopg
 import pytest
 import uvicorn
+from psycopg import sql
 
 import citus_cluster
 from effect_ledger.db.embedded import start_embedded, stop_embedded
@@ -48,6 +50,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The tests' own throw-away server needs no crash safety; the product's defaults are never changed.
+FAST_SERVER_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+def _trade_durability_for_speed(url: str) -> None:
+    """Turn off the embedded test server's flushes to disk (reloadable settings, so no restart)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, value in FAST_SERVER_SETTINGS.items():
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def pg_admin_url() -> Iterator[str]:
     """The owner URL of the server under test: EFFECT_LEDGER_DATABASE_URL, or an embedded PostgreSQL."""
@@ -58,6 +72,7 @@ def pg_admin_url() -> Iterator[str]:
     data_dir = Path(tempfile.mkdtemp(prefix="effect-ledger-tests-"))
     server, url = start_embedded(data_dir)
     try:
+        _trade_durability_for_speed(url)
         yield url
     finally:
         stop_embedded(server)
