@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_process import kill_quietly, start_serve
-from test_shutdown import metric, spawned_workers
 
-from conftest import auth
+from support.auth import auth
+from support.metrics import metric
+from support.serve_process import kill_quietly, spawned_workers, start_serve
 
 pytestmark = pytest.mark.slow
 

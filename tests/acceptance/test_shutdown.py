@@ -11,10 +11,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_process import Served, alive, kill_quietly, postmaster, start_serve
 
-from conftest import auth
+from support.auth import auth
+from support.metrics import metric
+from support.serve_process import Served, alive, kill_quietly, postmaster, spawned_workers, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -78,34 +78,6 @@ async def sigterm_during_a_request(served: Served) -> None:
     assert await served.wait() == 0, served.log()[-3000:]
     assert postmaster(served.data_dir) is None, "the embedded PostgreSQL must be stopped"
     assert not alive(pg[0])
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """One sample's value from an exposition."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    raise KeyError(name, labels)
-
-
-def spawned_workers(parent: int) -> list[int]:
-    """The server's worker processes: children of `parent` that uvicorn started by multiprocessing's
-    spawn, or that granian forked (they keep the parent's command line)."""
-    found = []
-    own = (Path("/proc") / str(parent) / "cmdline").read_bytes().replace(b"\0", b" ")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own):
-            found.append(int(entry.name))
-    return found
 
 
 async def test_two_workers_share_the_embedded_database_and_their_metrics(tmp_path: Path) -> None:

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import asyncpg
 import httpx
-from test_metrics import samples
 
-from conftest import Service, auth
 from effect_ledger.db.maintenance import Backlog, read_backlog
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import samples
+from support.server import Service
 
 CLAIM = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from conftest import Service, token
 from effect_ledger.settings import Settings
 from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 from effect_ledger_bench.wrk import wrk_load, wrk_path
+from support.auth import token
+from support.server import Service
 
 ROWS = [
     r"1 +limit: pgbench, one statement per call, 16 clients +[\d,]+ cycles/s .*0 failed",

@@ -12,9 +12,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import submitted
 
-from conftest import auth, runtime_connection
+from support.auth import auth
+from support.database import runtime_connection
+from support.ledger import submitted
 
 WRITE = "diagnostics:write"
 REPORT_ID = "rep-2026-11-30-000001"

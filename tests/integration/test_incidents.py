@@ -11,8 +11,9 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import Service, auth
 from effect_ledger.db.diagnostics import IncidentRecorder
+from support.auth import auth
+from support.server import Service
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 PURPOSE = {"purpose": "incident review"}

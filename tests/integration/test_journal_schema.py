@@ -8,10 +8,10 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from test_citus_migration import STUBS
 
-from conftest import runtime_connection
 from effect_ledger.db.migrate import migrations_dir
+from support.citus_cluster import STUBS
+from support.database import runtime_connection
 
 SESSION = (
     "INSERT INTO journal.sessions (tenant_id, session_id, principal, created_at, updated_at)"

@@ -13,10 +13,11 @@ from dataclasses import replace
 
 import asyncpg
 import httpx
-from test_metrics import by_label, samples
 
-from conftest import Service, auth
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import by_label, samples
+from support.server import Service
 
 OPERATIONS = 12
 POOL, QUEUE = 2, 3

@@ -16,7 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import (
+
+from effect_ledger.db.maintenance import PURGE_LOCK, SWEEP_LOCK, purge, sweep
+from effect_ledger.db.migrate import migrate
+from effect_ledger.settings import Settings
+from support.database import with_database
+from support.ledger import (
     AUDITOR,
     Seed,
     committed,
@@ -32,11 +37,7 @@ from ledger_flows import (
     submitted,
     unknown,
 )
-
-from conftest import Service, with_database
-from effect_ledger.db.maintenance import PURGE_LOCK, SWEEP_LOCK, purge, sweep
-from effect_ledger.db.migrate import migrate
-from effect_ledger.settings import Settings
+from support.server import Service
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

@@ -8,31 +8,15 @@ from typing import Any
 
 import asyncpg
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Service, auth
+from support.auth import auth
+from support.metrics import by_label, samples
+from support.server import Service
 
 TENANT, EXECUTOR, RECONCILER = "tenant-zz9", "exec-qq7", "recon-kk4"
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 RECEIPT = {"external_ref": "m-7", "observed_at": "2026-11-30T10:00:00Z"}
 EVIDENCE = {"source": "provider-api", "lookup_ref": "q-1", "checked_at": "2026-11-30T10:00:00Z"}
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def samples(text: str) -> Samples:
-    """Every sample of an exposition, keyed by name and label set."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def by_label(found: Samples, name: str, label: str) -> dict[str, float]:
-    """One counter's values keyed by its single label."""
-    return {dict(labels)[label]: value for (n, labels), value in found.items() if n == name}
-
 
 async def claim(http: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None) -> httpx.Response:
     return await http.post(f"/v1/operations/{op}/claim", json=body or CLAIM, headers=auth(TENANT, EXECUTOR))

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import AUDITOR, RECEIPT, committed, get, owner, pending
 
-from conftest import runtime_connection
+from support.database import runtime_connection
+from support.ledger import AUDITOR, RECEIPT, committed, get, owner, pending
 
 WRITERS = 6
 PER_WRITER = 15
