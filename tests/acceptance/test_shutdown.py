@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import asyncpg
@@ -13,8 +12,9 @@ import httpx
 import pytest
 
 from support.auth import auth
-from support.metrics import metric
+from support.metrics import metric, scraped
 from support.serve_process import Served, alive, kill_quietly, postmaster, spawned_workers, start_serve
+from support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +23,14 @@ CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}
 
 async def wait_for_lock_waiter(owner: asyncpg.Connection, within: float = 20) -> None:
     """Until one of the service's connections waits for a row lock."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        waiting = await owner.fetchval(
+    await until(
+        lambda: owner.fetchval(
             "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'effect-ledger' AND wait_event_type = 'Lock'")
-        if waiting:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the request never waited for the lock")
+            " WHERE application_name = 'effect-ledger' AND wait_event_type = 'Lock'"
+        ),
+        "a request of the service waiting for the row lock",
+        within=within,
+    )
 
 
 async def test_sigterm_lets_the_in_flight_request_finish(tmp_path: Path) -> None:
@@ -96,11 +95,12 @@ async def two_workers(served: Served) -> None:
     limits = httpx.Limits(max_connections=20)
     async with httpx.AsyncClient(base_url=served.base_url, timeout=60, limits=limits, headers=auth()) as http:
         # both workers are up once the summed pool capacity counts two pools of 3
-        deadline = time.monotonic() + 30
-        while metric((await http.get("/metrics")).text, "effect_ledger_db_pool_max_connections",
-                     pool="runtime") != 6:
-            assert time.monotonic() < deadline, "the second worker never published its pool"
-            await asyncio.sleep(0.2)
+        await until(
+            lambda: scraped(http, "effect_ledger_db_pool_max_connections", pool="runtime"),
+            "the second worker's pool published",
+            holds=lambda capacity: capacity == 6,
+            every=0.2,
+        )
 
         claims = [f"/v1/operations/w-{n}/claim" for n in range(40)]
         answers = await asyncio.gather(*(http.post(path, json=CLAIM) for path in claims))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -10,8 +9,9 @@ import asyncpg
 import httpx
 
 from support.auth import auth
-from support.metrics import by_label, samples
+from support.metrics import by_label, samples, scrape
 from support.server import Service
+from support.waiting import until
 
 TENANT, EXECUTOR, RECONCILER = "tenant-zz9", "exec-qq7", "recon-kk4"
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
@@ -182,13 +182,12 @@ async def test_the_background_sweep_counts_its_expiries(settings: Any, db_url: s
         token = (await claim(http, "op-sweep")).json()["claim"]["token"]
         assert await call(http, "op-sweep", "submit", {"token": token}) == 200
         await expire_lease(db_url, "op-sweep")
-        expiries: dict[str, float] = {}
-        for _ in range(100):  # the sweeper runs every second
-            scrape = samples((await http.get("/metrics")).text)
-            expiries = by_label(scrape, "effect_ledger_lease_expiries_total", "via")
-            if expiries["sweep"]:
-                break
-            await asyncio.sleep(0.1)
+        swept = await until(  # the sweeper runs every second
+            lambda: scrape(http),
+            "the sweeper's expiry counted",
+            holds=lambda found: by_label(found, "effect_ledger_lease_expiries_total", "via")["sweep"],
+        )
+        expiries = by_label(swept, "effect_ledger_lease_expiries_total", "via")
         found = samples((await http.get("/metrics")).text)
     assert expiries == {"sweep": 1, "transition": 0}
     assert by_label(found, "effect_ledger_unknown_outcomes_recorded_total", "cause") == {

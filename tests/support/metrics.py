@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -28,3 +29,13 @@ def metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     raise KeyError(name, labels)
+
+
+async def scrape(http: httpx.AsyncClient) -> Samples:
+    """Every sample the service's /metrics shows now."""
+    return samples((await http.get("/metrics")).text)
+
+
+async def scraped(http: httpx.AsyncClient, name: str, **labels: str) -> float:
+    """One sample's value on the service's /metrics now."""
+    return metric((await http.get("/metrics")).text, name, **labels)
