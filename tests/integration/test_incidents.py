@@ -172,7 +172,7 @@ async def test_a_500_answers_only_a_reference_and_the_incident_holds_the_details
 
 
 def recorder_of(service: Service) -> IncidentRecorder:
-    recorder: IncidentRecorder = service.server.config.app.state.incidents
+    recorder: IncidentRecorder = service.app.state.incidents
     return recorder
 
 

@@ -157,7 +157,7 @@ async def test_pool_gauges_are_read_at_scrape_time(service: Service) -> None:
     assert pools[("runtime", "idle")] >= 1 and pools[("reader", "idle")] >= 1
     assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {"runtime": 20, "audit": 3, "reader": 2}
     # a connection held outside a request shows as in use
-    ledger = service.server.config.app.state.ledger  # type: ignore[attr-defined]
+    ledger = service.app.state.ledger
     async with ledger.pool.acquire():
         async with service.client() as http:
             held = samples((await http.get("/metrics")).text)

@@ -1,4 +1,4 @@
-"""The app served over real loopback HTTP in the test's own event loop."""
+"""The app in the test's own event loop: in process through httpx's ASGI transport, or over loopback HTTP."""
 
 from __future__ import annotations
 
@@ -53,13 +53,88 @@ class LoopServer:
             await self.task
 
 
-class Service(LoopServer):
-    """The effect-ledger app served for real over loopback HTTP."""
+class Lifespan:
+    """Runs an ASGI app's lifespan (startup, then shutdown) in this event loop, as a server would."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+        self.task = asyncio.create_task(self.app(scope, self.inbox.get, self.outbox.put))
+        await self._step("startup")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._step("shutdown")
+        assert self.task is not None
+        await self.task
+
+    async def _step(self, phase: str) -> None:
+        assert self.task is not None
+        await self.inbox.put({"type": f"lifespan.{phase}"})
+        answer = asyncio.ensure_future(self.outbox.get())
+        await asyncio.wait({answer, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            answer.cancel()
+            self.task.result()  # the app's own error
+            raise RuntimeError(f"the app's lifespan ended before {phase} completed")
+        message = answer.result()
+        if message["type"] != f"lifespan.{phase}.complete":
+            raise RuntimeError(f"lifespan {phase}: {message}")
+
+
+class Service:
+    """The effect-ledger app on the test's database, its lifespan run in this event loop.
+
+    `client()` reaches it in process (httpx's ASGI transport: no socket, no server). A test whose point
+    is the socket, or that hands a URL to another client, reads `base_url`: the first read serves the
+    same app over loopback HTTP (uvicorn on a socket already listening, so nothing waits for it).
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        super().__init__(create_app(settings, jwt_secret=TEST_SECRET))
+        self.app = create_app(settings, jwt_secret=TEST_SECRET)
+        self.lifespan = Lifespan(self.app)
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._base_url: str | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.lifespan.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self.server is not None and self.task is not None:
+                self.server.should_exit = True
+                await self.task
+        finally:
+            await self.lifespan.__aexit__(*exc)
+
+    @property
+    def base_url(self) -> str:
+        """The loopback URL of the app, served from the first read on."""
+        if self._base_url is None:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(128)
+            config = uvicorn.Config(
+                self.app, log_level="warning", lifespan="off", access_log=False, interface="asgi3"
+            )
+            self.server = uvicorn.Server(config)
+            self.task = asyncio.create_task(self.server.serve(sockets=[sock]))
+            self._base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self._base_url
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
 
     def client(self, **kwargs: object) -> httpx.AsyncClient:
-        """An HTTP client for this service."""
-        return httpx.AsyncClient(base_url=self.base_url, timeout=30, **kwargs)  # type: ignore[arg-type]
+        """An HTTP client of this service, in process."""
+        transport = httpx.ASGITransport(app=self.app)
+        return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=30, **kwargs)  # type: ignore[arg-type]
