@@ -18,11 +18,13 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
-import citus_cluster
-from conftest import TEST_SECRET, Service, auth, runtime_connection
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
+from support import citus_cluster
+from support.auth import TEST_SECRET, auth
+from support.database import runtime_connection
+from support.server import Service
 
 DIGEST = "sha256:" + "a" * 64
 TOKEN_HASH = b"\x01" * 32

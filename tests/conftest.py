@@ -1,4 +1,7 @@
-"""Shared fixtures: one real PostgreSQL per run, a migrated template, a fresh clone per test."""
+"""Shared fixtures: one real PostgreSQL per run, a migrated template, a fresh clone per test.
+
+Everything else the tests share is in the `support` package (tests/support/).
+"""
 
 from __future__ import annotations
 
@@ -6,46 +9,24 @@ import asyncio
 import itertools
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, Literal, Self
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 
-import citus_cluster
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
-from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
-from effect_ledger.http.app import create_app
-from effect_ledger.http.auth import ALL_SCOPES, mint_token
 from effect_ledger.settings import Settings
+from support import citus_cluster
+from support.auth import TEST_SECRET
+from support.database import trade_durability_for_speed, with_database
+from support.server import Service
 
-TEST_SECRET = "test-secret-for-effect-ledger-tests-only-0123456789-abcdefghijklmnopqrstuvwxyz"
 _counter = itertools.count()
-
-
-def with_database(url: str, name: str) -> str:
-    """The same server URL naming another database."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-async def runtime_connection(url: str, role: str = RUNTIME_ROLE) -> asyncpg.Connection:
-    """A direct connection as a service role, with the password `migrate` gave it."""
-    return await asyncpg.connect(url, user=role, password=derived_password(url, role))
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +39,7 @@ def pg_admin_url() -> Iterator[str]:
     data_dir = Path(tempfile.mkdtemp(prefix="effect-ledger-tests-"))
     server, url = start_embedded(data_dir)
     try:
+        trade_durability_for_speed(url)
         yield url
     finally:
         stop_embedded(server)
@@ -114,62 +96,6 @@ async def db_url(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncI
 def settings(db_url: str) -> Settings:
     """Settings for a service on the test's database, with the test secret and no background sweep."""
     return Settings(database_url=db_url, jwt_secret=TEST_SECRET, background_sweep=False, pool_size=20)
-
-
-def token(
-    tenant: str = "t1", sub: str = "exec-1", scope: str = " ".join(ALL_SCOPES), ttl: int = 6 * 3600
-) -> str:
-    """A valid test token; it outlives any run, because modules mint theirs at import."""
-    return mint_token(TEST_SECRET, tenant, sub, scope, Settings(), ttl)
-
-
-def auth(tenant: str = "t1", sub: str = "exec-1", scope: str = " ".join(ALL_SCOPES)) -> dict[str, str]:
-    """Authorization headers for a test caller."""
-    return {"Authorization": f"Bearer {token(tenant, sub, scope)}"}
-
-
-class LoopServer:
-    """A uvicorn server running an ASGI app in this event loop, on a free loopback port."""
-
-    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on") -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            lifespan=lifespan,
-            access_log=False,
-            interface="asgi3",  # a bound method's signature would make uvicorn guess ASGI 2
-        )
-        self.server = uvicorn.Server(config)
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Self:
-        self.task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self.task.done():
-                self.task.result()
-            await asyncio.sleep(0.01)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        if self.task is not None:
-            await self.task
-
-
-class Service(LoopServer):
-    """The effect-ledger app served for real over loopback HTTP."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        super().__init__(create_app(settings, jwt_secret=TEST_SECRET))
-
-    def client(self, **kwargs: object) -> httpx.AsyncClient:
-        """An HTTP client for this service."""
-        return httpx.AsyncClient(base_url=self.base_url, timeout=30, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture

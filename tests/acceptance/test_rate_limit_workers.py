@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from serve_process import kill_quietly, start_serve
-from test_shutdown import metric, spawned_workers
 
-from conftest import auth
+from support.auth import auth
+from support.metrics import metric, scraped
+from support.serve_process import kill_quietly, spawned_workers, start_serve
+from support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +33,12 @@ async def test_the_limit_is_shared_by_all_workers(tmp_path: Path) -> None:
         assert len(spawned_workers(served.proc.pid)) == 2
         fresh = httpx.Limits(max_connections=50, max_keepalive_connections=0)  # a new connection each time
         async with httpx.AsyncClient(base_url=served.base_url, timeout=60, limits=fresh) as http:
-            deadline = time.monotonic() + 30
-            while metric((await http.get("/metrics")).text, "effect_ledger_db_pool_max_connections",
-                         pool="runtime") != 6:
-                assert time.monotonic() < deadline, "the second worker never published its pool"
-                await asyncio.sleep(0.2)
+            await until(
+                lambda: scraped(http, "effect_ledger_db_pool_max_connections", pool="runtime"),
+                "the second worker's pool published",
+                holds=lambda capacity: capacity == 6,
+                every=0.2,
+            )
 
             answers = await asyncio.gather(*(
                 http.post(f"/v1/operations/w-{n}/claim", json=CLAIM, headers=auth("t-lim", "exec-1"))

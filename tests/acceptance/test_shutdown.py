@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_process import Served, alive, kill_quietly, postmaster, start_serve
 
-from conftest import auth
+from support.auth import auth
+from support.metrics import metric, scraped
+from support.serve_process import Served, alive, kill_quietly, postmaster, spawned_workers, start_serve
+from support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +23,14 @@ CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}
 
 async def wait_for_lock_waiter(owner: asyncpg.Connection, within: float = 20) -> None:
     """Until one of the service's connections waits for a row lock."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        waiting = await owner.fetchval(
+    await until(
+        lambda: owner.fetchval(
             "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'effect-ledger' AND wait_event_type = 'Lock'")
-        if waiting:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the request never waited for the lock")
+            " WHERE application_name = 'effect-ledger' AND wait_event_type = 'Lock'"
+        ),
+        "a request of the service waiting for the row lock",
+        within=within,
+    )
 
 
 async def test_sigterm_lets_the_in_flight_request_finish(tmp_path: Path) -> None:
@@ -80,34 +79,6 @@ async def sigterm_during_a_request(served: Served) -> None:
     assert not alive(pg[0])
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """One sample's value from an exposition."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    raise KeyError(name, labels)
-
-
-def spawned_workers(parent: int) -> list[int]:
-    """The server's worker processes: children of `parent` that uvicorn started by multiprocessing's
-    spawn, or that granian forked (they keep the parent's command line)."""
-    found = []
-    own = (Path("/proc") / str(parent) / "cmdline").read_bytes().replace(b"\0", b" ")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own):
-            found.append(int(entry.name))
-    return found
-
-
 async def test_two_workers_share_the_embedded_database_and_their_metrics(tmp_path: Path) -> None:
     served = await start_serve(tmp_path, "--workers", "2", pool_size="3", background_sweep="false")
     try:
@@ -124,11 +95,12 @@ async def two_workers(served: Served) -> None:
     limits = httpx.Limits(max_connections=20)
     async with httpx.AsyncClient(base_url=served.base_url, timeout=60, limits=limits, headers=auth()) as http:
         # both workers are up once the summed pool capacity counts two pools of 3
-        deadline = time.monotonic() + 30
-        while metric((await http.get("/metrics")).text, "effect_ledger_db_pool_max_connections",
-                     pool="runtime") != 6:
-            assert time.monotonic() < deadline, "the second worker never published its pool"
-            await asyncio.sleep(0.2)
+        await until(
+            lambda: scraped(http, "effect_ledger_db_pool_max_connections", pool="runtime"),
+            "the second worker's pool published",
+            holds=lambda capacity: capacity == 6,
+            every=0.2,
+        )
 
         claims = [f"/v1/operations/w-{n}/claim" for n in range(40)]
         answers = await asyncio.gather(*(http.post(path, json=CLAIM) for path in claims))

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
+from support.server import free_port
 
 CLI = [sys.executable, "-m", "effect_ledger.cli"]
 
@@ -135,7 +135,7 @@ async def test_migrate_then_serve_against_an_existing_server(
     """The second documented start: a superuser URL of a fresh, empty database, `migrate`, then `serve`."""
     import asyncpg
 
-    from conftest import with_database
+    from support.database import with_database
 
     admin = await asyncpg.connect(pg_admin_url)
     await admin.execute('DROP DATABASE IF EXISTS "el_external"')

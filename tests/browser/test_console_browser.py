@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, token
+from support.auth import token
+from support.server import Service
 
 try:
     from axe_playwright_python.async_playwright import Axe

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from harness import LONG, TOKEN_TTL_SECONDS, scale, scenario, timeout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -21,10 +20,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from conftest import Service, token
 from effect_ledger.domain.errors import PROBLEMS
 from effect_ledger.http.auth import ALL_SCOPES
 from effect_ledger.settings import Settings
+from support.auth import token
+from support.harness import LONG, TOKEN_TTL_SECONDS, scale, scenario, timeout
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 

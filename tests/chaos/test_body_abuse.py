@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import bearer, check_ledger, read_state, scenario, timeout
-from recording import History, check_answers
 
-from conftest import Service
 from effect_ledger.settings import Settings
+from support.harness import bearer, check_ledger, read_state, scenario, timeout
+from support.recording import History, check_answers
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(60, 300)]
 

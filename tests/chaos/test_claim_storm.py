@@ -7,11 +7,11 @@ import secrets
 
 import httpx
 import pytest
-from harness import TOOL, TOOL_VERSION, check_ledger, read_state, scale, scenario, timeout
-from processes import ServiceProcess
-from recording import History, check_answers
 
-from conftest import auth
+from support.auth import auth
+from support.harness import TOOL, TOOL_VERSION, check_ledger, read_state, scale, scenario, timeout
+from support.processes import ServiceProcess
+from support.recording import History, check_answers
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1200)]
 

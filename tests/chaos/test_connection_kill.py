@@ -7,12 +7,21 @@ import random
 
 import asyncpg
 import pytest
-from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
-from recording import History, check_answers
-from workload import ledger_client, reconcile, run_executors
 
-from conftest import Service
 from effect_ledger.settings import Settings
+from support.harness import (
+    Sink,
+    check_effects,
+    check_leases,
+    check_ledger,
+    read_state,
+    scale,
+    scenario,
+    timeout,
+)
+from support.recording import History, check_answers
+from support.server import Service
+from support.workload import ledger_client, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(120, 1200)]
 

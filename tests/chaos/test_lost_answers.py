@@ -6,14 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
-from processes import LossyProxy
-from recording import History, check_answers
-from workload import TOOL, TOOL_VERSION, ledger_client, reconcile, run_executors
 
-from conftest import Service
 from effect_ledger.client import LedgerClient
 from effect_ledger.settings import Settings
+from support.harness import (
+    Sink,
+    check_effects,
+    check_leases,
+    check_ledger,
+    read_state,
+    scale,
+    scenario,
+    timeout,
+)
+from support.processes import LossyProxy
+from support.recording import History, check_answers
+from support.server import Service
+from support.workload import TOOL, TOOL_VERSION, ledger_client, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(120, 1200)]
 

@@ -14,10 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
 
-from conftest import Service, token
 from effect_ledger.settings import Settings
+from support.auth import token
+from support.harness import (
+    Sink,
+    check_effects,
+    check_leases,
+    check_ledger,
+    read_state,
+    scale,
+    scenario,
+    timeout,
+)
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(120, 900)]
 

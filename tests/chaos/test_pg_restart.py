@@ -7,7 +7,10 @@ import random
 from collections.abc import AsyncIterator
 
 import pytest
-from harness import (
+
+from effect_ledger.db.migrate import migrate
+from effect_ledger.settings import Settings
+from support.harness import (
     LedgerState,
     Sink,
     check_effects,
@@ -18,13 +21,10 @@ from harness import (
     scenario,
     timeout,
 )
-from processes import ScratchPostgres
-from recording import History, check_answers
-from workload import ledger_client, reconcile, run_executors
-
-from conftest import Service
-from effect_ledger.db.migrate import migrate
-from effect_ledger.settings import Settings
+from support.processes import ScratchPostgres
+from support.recording import History, check_answers
+from support.server import Service
+from support.workload import ledger_client, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1200)]
 

@@ -7,12 +7,21 @@ import random
 from collections import Counter
 
 import pytest
-from harness import Sink, check_effects, check_leases, check_ledger, read_state, scale, scenario, timeout
-from processes import ServiceProcess
-from recording import Call, History, check_answers
-from workload import ledger_client, reconcile, run_executors
 
 from effect_ledger.domain.timefmt import parse_ts
+from support.harness import (
+    Sink,
+    check_effects,
+    check_leases,
+    check_ledger,
+    read_state,
+    scale,
+    scenario,
+    timeout,
+)
+from support.processes import ServiceProcess
+from support.recording import Call, History, check_answers
+from support.workload import ledger_client, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
 

@@ -12,13 +12,13 @@ from typing import Any, ClassVar
 import httpx
 import psycopg
 import pytest
-from harness import LONG, bearer, scale, scenario, timeout
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from conftest import Service
 from effect_ledger.settings import Settings
+from support.harness import LONG, bearer, scale, scenario, timeout
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 

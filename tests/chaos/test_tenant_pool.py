@@ -12,11 +12,12 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from harness import check_ledger, read_state, scale, scenario, timeout
-from recording import History, check_answers
 
-from conftest import Service, auth
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.harness import check_ledger, read_state, scale, scenario, timeout
+from support.recording import History, check_answers
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(120, 900)]
 

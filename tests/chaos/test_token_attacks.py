@@ -15,11 +15,12 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from harness import scenario, timeout
-from recording import History, check_answers
 
-from conftest import TEST_SECRET, Service, token
 from effect_ledger.settings import Settings
+from support.auth import TEST_SECRET, token
+from support.harness import scenario, timeout
+from support.recording import History, check_answers
+from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(60, 300)]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import Service
+from support.server import Service
 
 
 async def test_the_docs_page_references_no_other_host_and_its_assets_are_served(service: Service) -> None:

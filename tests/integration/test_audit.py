@@ -9,7 +9,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import (
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.domain.chain import GENESIS_HASH, event_hash
+from support.ledger import (
     AUDITOR,
     REASON,
     RECEIPT,
@@ -24,9 +27,6 @@ from ledger_flows import (
     submitted,
     unknown,
 )
-
-from effect_ledger.db.catalogue import sql
-from effect_ledger.domain.chain import GENESIS_HASH, event_hash
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

@@ -3,17 +3,17 @@ tenants, read by serve whether or not it runs sweep and purge itself."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import replace
 
 import asyncpg
 import httpx
-from test_metrics import samples
 
-from conftest import Service, auth
 from effect_ledger.db.maintenance import Backlog, read_backlog
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import scrape
+from support.server import Service
+from support.waiting import until
 
 CLAIM = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
 
@@ -56,13 +56,12 @@ async def test_backlog_counts_unknowns_and_purge_lag_across_tenants(settings: Se
         assert 600 <= backlog.unknown_oldest_seconds < 3600
         assert 86_400 <= backlog.purge_overdue_seconds < 2 * 86_400
         # serve publishes the same numbers (read every second here)
-        deadline = time.monotonic() + 30
-        while True:
-            found = samples((await http.get("/metrics")).text)
-            if found[("effect_ledger_unknown_outcomes_waiting", frozenset())] == 2:
-                break
-            assert time.monotonic() < deadline, "the backlog gauges were never published"
-            await asyncio.sleep(0.2)
+        found = await until(
+            lambda: scrape(http),
+            "the backlog gauges published",
+            holds=lambda found: found[("effect_ledger_unknown_outcomes_waiting", frozenset())] == 2,
+            every=0.2,
+        )
         assert found[("effect_ledger_unknown_outcome_oldest_age_seconds", frozenset())] >= 600
         assert found[("effect_ledger_purge_overdue_seconds", frozenset())] >= 86_400
 

@@ -6,14 +6,17 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from conftest import Service, token
+from effect_ledger.settings import Settings
 from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 from effect_ledger_bench.wrk import wrk_load, wrk_path
+from support.auth import token
+from support.server import Service
 
 ROWS = [
     r"1 +limit: pgbench, one statement per call, 16 clients +[\d,]+ cycles/s .*0 failed",
@@ -62,8 +65,13 @@ def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
 
 @pytest.mark.skipif(wrk_path() is None, reason="wrk is not installed (Debian package wrk)")
 async def test_wrk_script_runs_full_cycles_then_replays_them(
-    service: Service, db_url: str, tmp_path: Path
+    settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
+    async with Service(replace(settings, rate_limit_per_second=0)) as service:  # as the bench's serve
+        await wrk_cycles_then_replays(service, db_url, tmp_path)
+
+
+async def wrk_cycles_then_replays(service: Service, db_url: str, tmp_path: Path) -> None:
     tokens = [token(TENANT, PRINCIPAL, SCOPE) for _ in range(4)]
     cycles = await wrk_load("cycle", service.base_url, tmp_path, tokens, 4, 1.0, "wrk")
     assert cycles.generator == "wrk" and cycles.errors == {}

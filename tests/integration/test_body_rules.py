@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from ledger_flows import pending
 
-from conftest import auth
+from support.auth import auth
+from support.ledger import pending
 
 ROUTES = [
     "/v1/operations/op-b/claim",

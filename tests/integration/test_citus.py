@@ -1,7 +1,7 @@
 """On a real Citus cluster (the Citus lane of .ci/run): distribution, isolation on the workers, routing.
 
 Skipped on plain PostgreSQL. The session's database was migrated from empty to head by conftest on a
-coordinator and its workers (tests/citus_cluster.py).
+coordinator and its workers (tests/support/citus_cluster.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from ledger_flows import committed
 
-import citus_cluster
-from conftest import auth, runtime_connection
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.migrate import (
     distribute_by_tenant,
@@ -26,6 +23,10 @@ from effect_ledger.db.migrate import (
     reference_tables,
 )
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+from support import citus_cluster
+from support.auth import auth
+from support.database import runtime_connection
+from support.ledger import committed
 
 pytestmark = [pytest.mark.storage, pytest.mark.citus]
 

@@ -21,12 +21,13 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import AUDITOR, CLAIM
 
-import citus_cluster
-from conftest import TEST_SECRET, Service, auth, free_port
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
+from support import citus_cluster
+from support.auth import TEST_SECRET, auth
+from support.ledger import AUDITOR, CLAIM
+from support.server import Service, free_port
 
 pytestmark = [pytest.mark.storage, pytest.mark.citus, pytest.mark.slow]
 

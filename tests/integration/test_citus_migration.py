@@ -14,9 +14,10 @@ import asyncpg
 import pytest
 from alembic import command
 
-from conftest import with_database
 from effect_ledger.db.migrate import alembic_config, migrations_dir
 from effect_ledger.db.schema_dump import dump_schema
+from support.citus_cluster import STUBS
+from support.database import with_database
 
 _names = count()
 ROLE_SETTINGS = (
@@ -77,25 +78,6 @@ async def test_is_a_no_op_on_plain_postgresql(empty_db: str) -> None:
         await conn.close()
 
 
-STUBS = """
-CREATE TABLE public.pg_dist_partition (logicalrelid regclass PRIMARY KEY, colocate_with text);
-CREATE FUNCTION public.create_distributed_table(
-    table_name regclass, distribution_column text, colocate_with text DEFAULT 'default'
-) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF distribution_column <> 'tenant_id' THEN
-        RAISE EXCEPTION 'distributed by %', distribution_column;
-    END IF;
-    IF current_setting('citus.enable_unsafe_triggers', true) IS DISTINCT FROM 'on'
-       OR current_setting('citus.multi_shard_modify_mode', true) IS DISTINCT FROM 'sequential' THEN
-        RAISE EXCEPTION 'settings missing';
-    END IF;
-    INSERT INTO public.pg_dist_partition VALUES (table_name, colocate_with);
-END
-$$;
-"""
-
-
 async def test_distributes_each_table_by_tenant_once_parents_first(db_url: str) -> None:
     """Citus's branch, run against stand-ins for pg_dist_partition and create_distributed_table."""
     script: str = citus_migration().DISTRIBUTE  # type: ignore[attr-defined]
@@ -132,8 +114,8 @@ async def test_distributes_each_table_by_tenant_once_parents_first(db_url: str) 
 
 
 async def test_the_migration_helpers_do_nothing_on_plain_postgresql(db_url: str) -> None:
-    from citus_cluster import in_migration
     from effect_ledger.db.migrate import distribute_by_tenant, distribute_functions, reference_tables
+    from support.citus_cluster import in_migration
 
     def helpers() -> None:
         # names that do not even exist: on plain PostgreSQL the helpers look at nothing but pg_extension

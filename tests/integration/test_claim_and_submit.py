@@ -9,9 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import CLAIM, claim, events_of, expire_lease
-from ledger_flows import call as post
-from ledger_flows import count_events as event_count
+
+from support.ledger import CLAIM, claim, events_of, expire_lease
+from support.ledger import call as post
+from support.ledger import count_events as event_count
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

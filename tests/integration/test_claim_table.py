@@ -7,12 +7,12 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import CLAIM, claim, expire_lease
-from ledger_flows import call as post
-from ledger_flows import count_events as event_count
 
-from conftest import auth
 from effect_ledger.domain.canonical import intent_digest
+from support.auth import auth
+from support.ledger import CLAIM, claim, expire_lease
+from support.ledger import call as post
+from support.ledger import count_events as event_count
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

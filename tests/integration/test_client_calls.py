@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, token
 from effect_ledger.client import (
     ClaimResult,
     Diagnostics,
@@ -33,6 +32,8 @@ from effect_ledger.client import (
 )
 from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.http.auth import ALL_SCOPES
+from support.auth import token
+from support.server import Service
 
 ALL = " ".join(ALL_SCOPES)
 TOOL: dict[str, Any] = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}

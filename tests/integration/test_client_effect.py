@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, token
 from effect_ledger.client import (
     EffectUsageError,
     LedgerClient,
@@ -20,6 +19,8 @@ from effect_ledger.client import (
     Receipt,
 )
 from effect_ledger.http.auth import ALL_SCOPES
+from support.auth import token
+from support.server import Service
 
 TOOL: dict[str, Any] = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
 

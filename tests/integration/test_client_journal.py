@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from ledger_flows import committed, expire_lease, not_applied, pending, submitted, unknown
 
-from conftest import Service, auth, token
 from effect_ledger.client import (
     InvalidHistory,
     LedgerClient,
@@ -18,6 +16,9 @@ from effect_ledger.client import (
     tool_call,
     tool_result,
 )
+from support.auth import auth, token
+from support.ledger import committed, expire_lease, not_applied, pending, submitted, unknown
+from support.server import Service
 
 SCOPES = "journal:write journal:read"
 

@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, auth, token
 from effect_ledger.client import LedgerClient, RecoveryDecision, ValidationFailed
 from effect_ledger.domain.recovery import MAX_SAFE_INTEGER, RecoveryInput, decide
+from support.auth import auth, token
+from support.server import Service
 
 BASE: dict[str, Any] = {
     "attempts": 1, "maximum_attempts": 3, "minimum_attempt_ms": 100, "base_delay_ms": 100,

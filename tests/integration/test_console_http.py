@@ -10,13 +10,14 @@ from http.cookies import SimpleCookie
 
 import httpx
 import pytest
-from console_flows import COMMITTED_FORM, csrf_of, resolve_form, sign_in, signed_in
-from ledger_flows import committed, events_of, pending, stored_status, unknown
 
-from conftest import TEST_SECRET, Service, token
 from effect_ledger.http.auth import mint_token
 from effect_ledger.http.console.session import SESSION_COOKIE, Sealer, session_key
 from effect_ledger.settings import Settings
+from support.auth import TEST_SECRET, token
+from support.console import COMMITTED_FORM, csrf_of, resolve_form, sign_in, signed_in
+from support.ledger import committed, events_of, pending, stored_status, unknown
+from support.server import Service
 
 RECONCILER = "ledger:reconcile ledger:audit diagnostics:read"
 PAGES = [

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 
 import httpx
-from console_flows import signed_in
-from journal_flows import WRITER, append, call, new_session, result, user
-from ledger_flows import committed, count_events, unknown
 
-from conftest import Service, token
+from support.auth import token
+from support.console import signed_in
+from support.journal import WRITER, append, call, new_session, result, user
+from support.ledger import committed, count_events, unknown
+from support.server import Service
 
 
 async def test_the_session_page_shows_resume_per_unresolved_call_to_owner_and_auditor(

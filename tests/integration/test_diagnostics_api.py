@@ -12,9 +12,9 @@ import pytest
 from litestar import Litestar, get
 from litestar.testing import AsyncTestClient
 
-from conftest import auth
 from effect_ledger.http.diagnostics import DiagnosticsController
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
+from support.auth import auth
 
 READ = "diagnostics:read"
 WRITE = "diagnostics:write"

@@ -12,9 +12,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import submitted
 
-from conftest import auth, runtime_connection
+from support.auth import auth
+from support.database import runtime_connection
+from support.ledger import submitted
 
 pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
 

@@ -5,9 +5,9 @@ and auditors read the whole tenant."""
 from __future__ import annotations
 
 import httpx
-from ledger_flows import CLAIM, RECEIPT, call, claim, count_events, get, pending, submitted
 
-from conftest import auth
+from support.auth import auth
+from support.ledger import CLAIM, RECEIPT, call, claim, count_events, get, pending, submitted
 
 EXEC_ONLY = "ledger:execute"
 

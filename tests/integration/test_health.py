@@ -13,9 +13,9 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import Service, free_port
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
 from effect_ledger.settings import Settings
+from support.server import Service, free_port
 
 
 class Outage:

@@ -9,8 +9,8 @@ import httpx
 import jwt
 import pytest
 
-from conftest import TEST_SECRET, auth
 from effect_ledger.http.auth import ALL_SCOPES
+from support.auth import TEST_SECRET, auth
 
 CLAIM = {"tool": "measure", "tool_version": "1", "intent": {"x": 1}}
 PROBLEM_MEMBERS = {"type", "title", "status", "code", "detail"}

@@ -11,8 +11,10 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import Service, auth
 from effect_ledger.db.diagnostics import IncidentRecorder
+from support.auth import auth
+from support.server import Service
+from support.waiting import until
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 PURPOSE = {"purpose": "incident review"}
@@ -170,7 +172,7 @@ async def test_a_500_answers_only_a_reference_and_the_incident_holds_the_details
 
 
 def recorder_of(service: Service) -> IncidentRecorder:
-    recorder: IncidentRecorder = service.server.config.app.state.incidents
+    recorder: IncidentRecorder = service.app.state.incidents
     return recorder
 
 
@@ -196,10 +198,10 @@ async def test_a_503_reference_resolves_once_the_database_is_back(
         assert (problem["code"], problem["title"]) == ("unavailable", "Service unavailable")
         incident = problem["incident"]
         # The incident could not be written: it waits in the process's spool, not in the table.
-        for _ in range(100):
-            if any(i.incident_id == incident for i in recorder_of(service).spool):
-                break
-            await asyncio.sleep(0.05)
+        await until(
+            lambda: any(i.incident_id == incident for i in recorder_of(service).spool),
+            "the incident in the spool",
+        )
         assert [i.incident_id for i in recorder_of(service).spool] == [incident]
         assert await owner.fetchval("SELECT count(*) FROM diagnostics.incidents") == 0
         await owner.execute(f'ALTER DATABASE "{database}" CONNECTION LIMIT -1')

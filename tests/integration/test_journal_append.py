@@ -9,23 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_flows import (
-    WRITER,
-    append,
-    assistant,
-    call,
-    new_session,
-    read,
-    result,
-    summary,
-    user,
-    who,
-)
-from ledger_flows import owner
 
-from conftest import Service
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.settings import Settings
+from support.journal import WRITER, append, assistant, call, new_session, read, result, summary, user, who
+from support.ledger import owner
+from support.server import Service
 
 pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
 

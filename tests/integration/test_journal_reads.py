@@ -9,7 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_flows import (
+
+from effect_ledger.db.maintenance import purge
+from effect_ledger.settings import Settings
+from support.auth import auth
+from support.journal import (
     AUDITOR,
     OTHER_PRINCIPAL,
     OTHER_TENANT,
@@ -24,11 +28,7 @@ from journal_flows import (
     user,
     who,
 )
-from ledger_flows import committed, expire_lease, not_applied, owner, pending, submitted, unknown
-
-from conftest import auth
-from effect_ledger.db.maintenance import purge
-from effect_ledger.settings import Settings
+from support.ledger import committed, expire_lease, not_applied, owner, pending, submitted, unknown
 
 pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
 

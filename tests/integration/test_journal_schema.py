@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from conftest import runtime_connection
+from support.database import runtime_connection
 
 SESSION = (
     "INSERT INTO journal.sessions (tenant_id, session_id, principal, created_at, updated_at)"

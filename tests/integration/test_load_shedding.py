@@ -8,15 +8,16 @@ the row locks of every operation, so each heartbeat holds its pooled connection 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 
 import asyncpg
 import httpx
-from test_metrics import by_label, samples
 
-from conftest import Service, auth
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import by_label, samples
+from support.server import Service
+from support.waiting import until
 
 OPERATIONS = 12
 POOL, QUEUE = 2, 3
@@ -54,10 +55,12 @@ async def gauge(http: httpx.AsyncClient, name: str, pool: str) -> float:
 
 async def until_waiting(http: httpx.AsyncClient, count: int) -> None:
     """Until `count` requests queue for a runtime connection (a wait for a state, not a timed check)."""
-    deadline = time.monotonic() + 60
-    while await gauge(http, "effect_ledger_db_pool_waiting", "runtime") != count:
-        assert time.monotonic() < deadline, "the requests never queued"
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: gauge(http, "effect_ledger_db_pool_waiting", "runtime"),
+        f"{count} requests queued for a runtime connection",
+        holds=lambda waiting: waiting == count,
+        within=60,
+    )
 
 
 async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
@@ -114,10 +117,13 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
         assert shed_total[("runtime", "queue")] == shed_count
         assert sum(shed_total.values()) == shed_count
         # the shed requests' incidents were spooled, then written once the database had room
-        deadline = time.monotonic() + 60
-        while (stored := await _shed_incidents(db_url)) < shed_count:
-            assert time.monotonic() < deadline, f"only {stored} incidents stored"
-            await asyncio.sleep(0.2)
+        stored = await until(
+            lambda: _shed_incidents(db_url),
+            "every shed request's incident stored",
+            holds=lambda stored: stored >= shed_count,
+            within=60,
+            every=0.2,
+        )
         assert stored == shed_count
 
 

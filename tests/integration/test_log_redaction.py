@@ -11,9 +11,10 @@ import httpx
 import pytest
 import structlog
 
-from conftest import Service, token
 from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
+from support.auth import token
+from support.server import Service
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "client_nonce": "n" * 24}
 

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, auth, token
 from effect_ledger.settings import Settings
+from support.auth import auth, token
+from support.server import Service
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
 LINE_FIELDS = {

@@ -16,7 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import (
+
+from effect_ledger.db.maintenance import PURGE_LOCK, SWEEP_LOCK, purge, sweep
+from effect_ledger.db.migrate import migrate
+from effect_ledger.settings import Settings
+from support.database import with_database
+from support.ledger import (
     AUDITOR,
     Seed,
     committed,
@@ -32,11 +37,8 @@ from ledger_flows import (
     submitted,
     unknown,
 )
-
-from conftest import Service, with_database
-from effect_ledger.db.maintenance import PURGE_LOCK, SWEEP_LOCK, purge, sweep
-from effect_ledger.db.migrate import migrate
-from effect_ledger.settings import Settings
+from support.server import Service
+from support.waiting import until
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage
@@ -304,10 +306,8 @@ async def test_serve_sweeps_in_the_background(settings: Settings, db_url: str) -
     async with Service(background) as service, service.client() as http:
         await submitted(http, "expired")
         await expire_lease(db_url, "expired")
-        for _ in range(100):
-            if await stored_status(db_url, "expired") == "unknown":
-                break
-            await asyncio.sleep(0.1)
-        assert await stored_status(db_url, "expired") == "unknown"
+        await until(
+            lambda: stored_status(db_url, "expired"), "the sweep's expiry", holds=lambda s: s == "unknown"
+        )
         kinds = [e["kind"] for e in await events_of(db_url, "expired")]
         assert kinds == ["claimed", "submitted", "lease_expired"]

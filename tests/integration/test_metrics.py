@@ -2,37 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
 import asyncpg
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Service, auth
+from support.auth import auth
+from support.metrics import by_label, samples, scrape
+from support.server import Service
+from support.waiting import until
 
 TENANT, EXECUTOR, RECONCILER = "tenant-zz9", "exec-qq7", "recon-kk4"
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 RECEIPT = {"external_ref": "m-7", "observed_at": "2026-11-30T10:00:00Z"}
 EVIDENCE = {"source": "provider-api", "lookup_ref": "q-1", "checked_at": "2026-11-30T10:00:00Z"}
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def samples(text: str) -> Samples:
-    """Every sample of an exposition, keyed by name and label set."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def by_label(found: Samples, name: str, label: str) -> dict[str, float]:
-    """One counter's values keyed by its single label."""
-    return {dict(labels)[label]: value for (n, labels), value in found.items() if n == name}
-
 
 async def claim(http: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None) -> httpx.Response:
     return await http.post(f"/v1/operations/{op}/claim", json=body or CLAIM, headers=auth(TENANT, EXECUTOR))
@@ -173,7 +157,7 @@ async def test_pool_gauges_are_read_at_scrape_time(service: Service) -> None:
     assert pools[("runtime", "idle")] >= 1 and pools[("reader", "idle")] >= 1
     assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {"runtime": 20, "audit": 3, "reader": 2}
     # a connection held outside a request shows as in use
-    ledger = service.server.config.app.state.ledger  # type: ignore[attr-defined]
+    ledger = service.app.state.ledger
     async with ledger.pool.acquire():
         async with service.client() as http:
             held = samples((await http.get("/metrics")).text)
@@ -198,13 +182,12 @@ async def test_the_background_sweep_counts_its_expiries(settings: Any, db_url: s
         token = (await claim(http, "op-sweep")).json()["claim"]["token"]
         assert await call(http, "op-sweep", "submit", {"token": token}) == 200
         await expire_lease(db_url, "op-sweep")
-        expiries: dict[str, float] = {}
-        for _ in range(100):  # the sweeper runs every second
-            scrape = samples((await http.get("/metrics")).text)
-            expiries = by_label(scrape, "effect_ledger_lease_expiries_total", "via")
-            if expiries["sweep"]:
-                break
-            await asyncio.sleep(0.1)
+        swept = await until(  # the sweeper runs every second
+            lambda: scrape(http),
+            "the sweeper's expiry counted",
+            holds=lambda found: by_label(found, "effect_ledger_lease_expiries_total", "via")["sweep"],
+        )
+        expiries = by_label(swept, "effect_ledger_lease_expiries_total", "via")
         found = samples((await http.get("/metrics")).text)
     assert expiries == {"sweep": 1, "transition": 0}
     assert by_label(found, "effect_ledger_unknown_outcomes_recorded_total", "cause") == {

@@ -11,8 +11,8 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Service
 from effect_ledger.settings import Settings
+from support.server import Service
 
 MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "base" / "monitoring"
 NAME = re.compile(r"\beffect_ledger_[a-z0-9_]+")

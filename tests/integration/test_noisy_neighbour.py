@@ -12,10 +12,11 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from test_metrics import samples
 
-from conftest import Service, auth
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import samples
+from support.server import Service
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import (
+
+from support.ledger import (
     RECONCILER,
     Seed,
     committed,

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from ledger_flows import Seed, owner, runtime, seed
 
 from effect_ledger.db.catalogue import sql
+from support.ledger import Seed, owner, runtime, seed
 
 TENANTS = 20
 PER_TENANT = 1000

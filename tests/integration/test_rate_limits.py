@@ -13,9 +13,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from test_metrics import by_label, samples
 
-from conftest import Service, auth
 from effect_ledger.domain.ratelimit import Bucket, Limit, take
 from effect_ledger.http.ratelimit import (
     MemoryStore,
@@ -25,6 +23,9 @@ from effect_ledger.http.ratelimit import (
     parse_overrides,
 )
 from effect_ledger.settings import Settings
+from support.auth import auth
+from support.metrics import by_label, samples
+from support.server import Service
 
 BURST = 5
 OVERRIDES = json.dumps({

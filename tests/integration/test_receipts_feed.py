@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import AUDITOR, RECEIPT, committed, get, owner, pending
 
-from conftest import runtime_connection
+from support.database import runtime_connection
+from support.ledger import AUDITOR, RECEIPT, committed, get, owner, pending
 
 pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import (
+
+from support.auth import auth
+from support.ledger import (
     EVIDENCE,
     REASON,
     RECEIPT,
@@ -22,8 +24,6 @@ from ledger_flows import (
     submitted,
     unknown,
 )
-
-from conftest import auth
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

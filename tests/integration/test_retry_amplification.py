@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
-from test_metrics import CLAIM, claim, expire_lease, samples
 
-from conftest import Service, auth, token
 from effect_ledger.client import CallStats, LedgerClient, RateLimited, RetryPolicy
 from effect_ledger.settings import Settings
+from support import ledger
+from support.auth import auth, token
+from support.ledger import CLAIM
+from support.metrics import samples
+from support.server import Service
 
 TENANT, EXECUTOR = "tenant-zz9", "exec-qq7"
+
+
+async def claim(http: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    """POST claim as this file's executor."""
+    return await ledger.claim(http, op, body, tenant=TENANT, sub=EXECUTOR)
 
 
 def attempts(text: str) -> dict[tuple[str, str], float]:
@@ -32,7 +41,7 @@ async def test_first_attempts_and_re_attempts_are_counted_apart(settings: Settin
         assert (await claim(http, "op-a", nonce)).status_code == 201  # replayed: its answer was "lost"
         assert (await claim(http, "op-a")).status_code == 409  # bounced by the live lease
         assert (await claim(http, "op-a")).status_code == 409  # and again
-        await expire_lease(db_url, "op-a")
+        await ledger.expire_lease(db_url, "op-a", TENANT)
         reclaimed = (await claim(http, "op-a")).json()["claim"]  # a reclaim after the lease ran out
         assert reclaimed["attempt"] == 2 and reclaimed["token"] != granted
         done = {"token": reclaimed["token"], "outcome": "committed", "receipt": {"external_ref": "r"}}

@@ -7,8 +7,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from conftest import runtime_connection, with_database
 from effect_ledger.db.schema_dump import dump_schema, render_ledger_sql
+from support.database import runtime_connection, with_database
 
 LEDGER_SQL = Path(__file__).resolve().parents[2] / "schema" / "ledger.sql"
 

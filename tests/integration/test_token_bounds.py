@@ -10,7 +10,7 @@ import httpx
 import jwt
 import pytest
 
-from conftest import TEST_SECRET
+from support.auth import TEST_SECRET
 
 SCOPE = "ledger:execute ledger:reconcile ledger:audit diagnostics:write"
 _DROP = object()

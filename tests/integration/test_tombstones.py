@@ -13,14 +13,15 @@ from typing import Any
 
 import httpx
 import pytest
-from ledger_flows import AUDITOR, CLAIM, REASON, RECEIPT, Seed, call, claim, committed, get, owner, seed
 
-from conftest import Service, auth, token
 from effect_ledger.client import LedgerClient, Receipt
 from effect_ledger.db.maintenance import owner_connection, purge, purge_ledger_batch
 from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.http.auth import ALL_SCOPES
 from effect_ledger.settings import Settings, SettingsError
+from support.auth import auth, token
+from support.ledger import AUDITOR, CLAIM, REASON, RECEIPT, Seed, call, claim, committed, get, owner, seed
+from support.server import Service
 
 pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a cluster
 

@@ -13,10 +13,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from conftest import Service, token
 from effect_ledger import tracing
 from effect_ledger.client import LedgerClient, OperationInProgress, Receipt
 from effect_ledger.settings import Settings
+from support.auth import token
+from support.server import Service
 
 TENANT, PRINCIPAL, OP = "tenant-zq8", "exec-zq8", "op-zq8-secret"
 INTENT = {"amount": 4711, "card": "zq8-card"}

@@ -8,11 +8,11 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from ledger_flows import call as post
-from ledger_flows import claim, expire_lease
-from ledger_flows import count_events as event_count
 
-from conftest import auth
+from support.auth import auth
+from support.ledger import call as post
+from support.ledger import claim, expire_lease
+from support.ledger import count_events as event_count
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage

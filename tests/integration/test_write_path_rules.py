@@ -18,7 +18,6 @@ import asyncpg
 import msgspec
 import pytest
 
-from conftest import runtime_connection
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import returned_events, row_to_operation
 from effect_ledger.domain.canonical import canonical_json
@@ -35,6 +34,7 @@ from effect_ledger.domain.transitions import (
     decide_sweep,
 )
 from effect_ledger.domain.verification import verify_chain
+from support.database import runtime_connection
 
 # Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
 pytestmark = pytest.mark.storage
@@ -373,7 +373,7 @@ NASTY = 'q"b\\s/\b\f\n\r\t\x01\x1f\x7f é 漢 😀 \u2028 \ud7ff\ue000'
 async def test_chain_hashed_in_sql_verifies_in_python_and_over_the_api(client: Any) -> None:
     """Strings the database escapes itself (to_json) and client JSON it takes as JCS text: the chain
     the functions write verifies with the Python verifier and with GET /v1/audit/verify."""
-    from conftest import auth
+    from support.auth import auth
 
     body = {
         "tool": "measure",

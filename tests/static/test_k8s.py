@@ -7,7 +7,8 @@ import re
 
 import kubernetes_validate
 import pytest
-from k8s_manifests import (
+
+from support.k8s_manifests import (
     APP,
     APP_IMAGE_REPO,
     APP_UID,

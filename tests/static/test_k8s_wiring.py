@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from k8s_manifests import (
+
+from support.k8s_manifests import (
     APP,
     BUILDS,
     DOCS,

@@ -10,7 +10,8 @@ import json
 import re
 
 import pytest
-from k8s_manifests import APP, BUILDS, K8S, build, one
+
+from support.k8s_manifests import APP, BUILDS, K8S, build, one
 
 MONITORING = K8S / "base" / "monitoring"
 DASHBOARD_FILE = MONITORING / "effect-ledger-dashboard.json"

@@ -9,13 +9,13 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from journal_histories import histories
 
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.journal_context import Selection, select_context
 from effect_ledger.domain.journal_projection import REDUCER, projection_jcs, reduce_records
 from effect_ledger.domain.journal_records import record_bytes
+from support.journal_histories import histories
 
 Record = tuple[int, dict[str, Any]]
 budgets = st.one_of(st.none(), st.integers(0, 40))

@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx
 
-from conftest import TEST_SECRET, free_port
 from effect_ledger.db.embedded import start_embedded, stop_embedded
+from support.auth import TEST_SECRET
+from support.server import free_port
 
 
 class ServiceProcess:

@@ -13,7 +13,8 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from conftest import TEST_SECRET, free_port
+from support.auth import TEST_SECRET
+from support.server import free_port
 
 SERVE_READY_SECONDS = 90
 
@@ -118,3 +119,22 @@ async def kill_quietly(served: Served) -> None:
         except TimeoutError:
             served.proc.kill()
             await served.proc.wait()
+
+
+def spawned_workers(parent: int) -> list[int]:
+    """The server's worker processes: children of `parent` that uvicorn started by multiprocessing's
+    spawn, or that granian forked (they keep the parent's command line)."""
+    found = []
+    own = (Path("/proc") / str(parent) / "cmdline").read_bytes().replace(b"\0", b" ")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own):
+            found.append(int(entry.name))
+    return found

@@ -6,9 +6,9 @@ from typing import Any
 
 import httpx
 
-from conftest import auth
 from effect_ledger.client.journal import message, tool_call, tool_result
 from effect_ledger.client.journal import summary as summary_record
+from support.auth import auth
 
 WRITER = {"tenant": "t1", "sub": "orch-1", "scope": "journal:write journal:read"}
 OTHER_PRINCIPAL = {"tenant": "t1", "sub": "orch-2", "scope": "journal:write journal:read"}

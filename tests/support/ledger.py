@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from conftest import auth
 from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
+from support.auth import auth
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 RECEIPT = {"external_ref": "m-7", "result": {"value": 21.5}}

@@ -10,10 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from harness import TOOL, TOOL_VERSION, Sink, execute_at_sink, sink_receipt
-from recording import History
 
-from conftest import token
 from effect_ledger.client import (
     LedgerClient,
     LedgerClientError,
@@ -26,6 +23,9 @@ from effect_ledger.client import (
     not_applied,
 )
 from effect_ledger.client.models import OperationView
+from support.auth import token
+from support.harness import TOOL, TOOL_VERSION, Sink, execute_at_sink, sink_receipt
+from support.recording import History
 
 EXECUTE, RECONCILE = "ledger:execute", "ledger:reconcile"
 # Retry through outages of a few seconds (a service restart, a PostgreSQL restart): the contract makes

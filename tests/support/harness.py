@@ -21,9 +21,10 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import LoopServer, token
 from effect_ledger.db.ledger import event_view
 from effect_ledger.domain.chain import first_bad_seq
+from support.auth import token
+from support.server import LoopServer
 
 LONG = os.environ.get("EFFECT_LEDGER_CHAOS_LONG", "") not in ("", "0")
 REPORT_FILE = os.environ.get("EFFECT_LEDGER_CHAOS_REPORT")  # JSON lines of figures, for the README table

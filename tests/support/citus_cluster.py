@@ -135,7 +135,7 @@ async def wipe(url: str) -> None:
 def scripts_dir() -> Path | None:
     """../shared/citus beside the repository (or EFFECT_LEDGER_CITUS_SCRIPTS), when it is there."""
     configured = os.environ.get("EFFECT_LEDGER_CITUS_SCRIPTS")
-    candidate = Path(configured) if configured else Path(__file__).resolve().parents[2] / "shared" / "citus"
+    candidate = Path(configured) if configured else Path(__file__).resolve().parents[3] / "shared" / "citus"
     return candidate if (candidate / "cluster.sh").exists() else None
 
 
@@ -176,3 +176,24 @@ def in_migration(url: str, step: Callable[[], None]) -> None:
             step()
     finally:
         engine.dispose()
+
+
+# Stand-ins for Citus's catalogue and create_distributed_table on plain PostgreSQL: the migrations'
+# Citus branches run against them and record what they would distribute (in pg_dist_partition).
+STUBS = """
+CREATE TABLE public.pg_dist_partition (logicalrelid regclass PRIMARY KEY, colocate_with text);
+CREATE FUNCTION public.create_distributed_table(
+    table_name regclass, distribution_column text, colocate_with text DEFAULT 'default'
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF distribution_column <> 'tenant_id' THEN
+        RAISE EXCEPTION 'distributed by %', distribution_column;
+    END IF;
+    IF current_setting('citus.enable_unsafe_triggers', true) IS DISTINCT FROM 'on'
+       OR current_setting('citus.multi_shard_modify_mode', true) IS DISTINCT FROM 'sequential' THEN
+        RAISE EXCEPTION 'settings missing';
+    END IF;
+    INSERT INTO public.pg_dist_partition VALUES (table_name, colocate_with);
+END
+$$;
+"""
