@@ -234,11 +234,13 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.tombstone_days < self.retention_days:
-            raise SettingsError([
-                f"{PREFIX}TOMBSTONE_DAYS ({self.tombstone_days}) must not be less than {PREFIX}RETENTION_DAYS"
-                f" ({self.retention_days}): a purged operation ID would become claimable, and its effect"
-                " executable, again"
-            ])
+            raise SettingsError(
+                [
+                    f"{PREFIX}TOMBSTONE_DAYS ({self.tombstone_days}) must not be less than "
+                    f"{PREFIX}RETENTION_DAYS ({self.retention_days}): a purged operation ID would become"
+                    " claimable, and its effect executable, again"
+                ]
+            )
 
     @property
     def data_path(self) -> Path:

@@ -102,8 +102,12 @@ def server_span(method: str, headers: Mapping[str, str]) -> Iterator[Span]:
 
     parent = TraceContextTextMapPropagator().extract(carrier=dict(headers))
     with _tracer.start_as_current_span(
-        method, context=parent, kind=SpanKind.SERVER, attributes={"http.request.method": method},
-        record_exception=False, set_status_on_exception=True,
+        method,
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": method},
+        record_exception=False,
+        set_status_on_exception=True,
     ) as span:
         yield span
 
@@ -117,9 +121,11 @@ def database_span(phase: str) -> Iterator[Span]:
     from opentelemetry.trace import SpanKind
 
     with _tracer.start_as_current_span(
-        f"db {phase}", kind=SpanKind.CLIENT,
+        f"db {phase}",
+        kind=SpanKind.CLIENT,
         attributes={"db.system.name": "postgresql", "db.operation.name": phase},
-        record_exception=False, set_status_on_exception=True,
+        record_exception=False,
+        set_status_on_exception=True,
     ) as span:
         yield span
 

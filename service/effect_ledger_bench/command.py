@@ -28,15 +28,19 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, help="seconds measured per phase (default 20)")
     parser.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement (default 5)")
     parser.add_argument("--concurrency", type=int, help="concurrent executors / pgbench clients (default 16)")
-    parser.add_argument("--growth-sizes", type=_sizes,
-                        help="operations preloaded per growth row (default 0,1000000,5000000)")
+    parser.add_argument(
+        "--growth-sizes", type=_sizes, help="operations preloaded per growth row (default 0,1000000,5000000)"
+    )
     parser.add_argument("--growth-duration", type=float, help="seconds measured per growth row (default 10)")
     parser.add_argument("--replay-duration", type=float, help="seconds of replayed claims (default 10)")
     parser.add_argument("--contention-executors", type=int, help="executors racing for hot IDs (default 64)")
     parser.add_argument("--hot-ids", type=int, help="IDs raced for (default 100)")
     parser.add_argument("--workers", type=int, help="serve worker processes (default 2)")
-    parser.add_argument("--generator", choices=("auto", "wrk", "python"),
-                        help="HTTP load generator: wrk when installed (auto), or Python processes")
+    parser.add_argument(
+        "--generator",
+        choices=("auto", "wrk", "python"),
+        help="HTTP load generator: wrk when installed (auto), or Python processes",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: proves it runs")
 
 
@@ -49,8 +53,18 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     config = BenchConfig.smoke() if args.smoke else BenchConfig()
-    names = ("duration", "warmup", "concurrency", "growth_sizes", "growth_duration", "replay_duration",
-             "contention_executors", "hot_ids", "workers", "generator")
+    names = (
+        "duration",
+        "warmup",
+        "concurrency",
+        "growth_sizes",
+        "growth_duration",
+        "replay_duration",
+        "contention_executors",
+        "hot_ids",
+        "workers",
+        "generator",
+    )
     flags: dict[str, Any] = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     config = replace(config, database_url=settings.database_url, **flags)
     print(asyncio.run(run_bench(config)), flush=True)

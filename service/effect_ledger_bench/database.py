@@ -44,8 +44,11 @@ class Endpoint:
         parts = urlsplit(owner_url)
         socket_dir = parse_qs(parts.query).get("host", [None])[0]
         return cls(
-            socket_dir or parts.hostname, parts.port, parts.path.lstrip("/") or "postgres",
-            RUNTIME_ROLE, derived_password(owner_url, RUNTIME_ROLE),
+            socket_dir or parts.hostname,
+            parts.port,
+            parts.path.lstrip("/") or "postgres",
+            RUNTIME_ROLE,
+            derived_password(owner_url, RUNTIME_ROLE),
         )
 
 

@@ -42,8 +42,19 @@ def statement_cycle(pool: asyncpg.Pool) -> Cycle:
     async def cycle(op_id: str) -> None:
         async with pool.acquire() as conn:
             await conn.fetchrow(
-                sql("run_claim"), TENANT, op_id, PRINCIPAL, TOOL, TOOL_VERSION, "sha256:" + _HASH,
-                LEASE_SECONDS, _BYTES, token_hash, None, False, None,
+                sql("run_claim"),
+                TENANT,
+                op_id,
+                PRINCIPAL,
+                TOOL,
+                TOOL_VERSION,
+                "sha256:" + _HASH,
+                LEASE_SECONDS,
+                _BYTES,
+                token_hash,
+                None,
+                False,
+                None,
             )
         async with pool.acquire() as conn:
             await conn.fetchrow(sql("run_submit"), TENANT, op_id, token_hash, f"ref-{op_id}", None)
@@ -59,8 +70,9 @@ def repository_cycle(pool: asyncpg.Pool) -> Cycle:
     """One effect cycle through the service's repository functions and domain decisions."""
     ledger = repo.Ledger(pool, 2.0)
     nonce = "bench-nonce-repository-floor"
-    report = Report("committed", {"external_ref": "rcpt", "result_digest": None, "result": None,
-                                  "observed_at": None})
+    report = Report(
+        "committed", {"external_ref": "rcpt", "result_digest": None, "result": None, "observed_at": None}
+    )
 
     async def cycle(op_id: str) -> None:
         intent = {"op": op_id, "amount_cents": 1250, "currency": "EUR"}

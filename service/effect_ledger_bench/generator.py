@@ -63,8 +63,9 @@ class Generator:
         """
         return await self._python("contention", executors, 0.0, 0.0, "hot", hot_ids)
 
-    async def _wrk(self, mode: str, executors: int, seconds: float, prefix: str,
-                   ids: list[str] | None = None) -> LoadResult:
+    async def _wrk(
+        self, mode: str, executors: int, seconds: float, prefix: str, ids: list[str] | None = None
+    ) -> LoadResult:
         return await wrk_load(mode, self.base_url, self.workdir, self.tokens, executors, seconds, prefix, ids)
 
     async def _python(
@@ -77,24 +78,46 @@ class Generator:
         bounds = [executors * i // processes for i in range(processes + 1)]
         shares = [range(bounds[i], bounds[i + 1]) for i in range(processes)]
         specs = [
-            Spec(mode, self.host, self.port, [self.tokens[e] for e in share], share.start,
-                 start_at, warmup, duration, prefix, ids)
-            for share in shares if share
+            Spec(
+                mode,
+                self.host,
+                self.port,
+                [self.tokens[e] for e in share],
+                share.start,
+                start_at,
+                warmup,
+                duration,
+                prefix,
+                ids,
+            )
+            for share in shares
+            if share
         ]
         results = await asyncio.gather(*(_run_process(spec, warmup + duration + 120) for spec in specs))
         total = LoadResult(window=0.0, generator=f"python x{len(specs)}")
         for part in results:
-            total.merge(LoadResult(
-                window=part["window"], cycles=part["cycles"], requests=part["requests"], calls=part["calls"],
-                errors=part["errors"], generator_cpu=part["generator_cpu"], outcomes=part["outcomes"],
-            ))
+            total.merge(
+                LoadResult(
+                    window=part["window"],
+                    cycles=part["cycles"],
+                    requests=part["requests"],
+                    calls=part["calls"],
+                    errors=part["errors"],
+                    generator_cpu=part["generator_cpu"],
+                    outcomes=part["outcomes"],
+                )
+            )
         return total
 
 
 async def _run_process(spec: Spec, within: float) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "effect_ledger_bench.loadgen",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "effect_ledger_bench.loadgen",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(msgspec.json.encode(spec)), within)

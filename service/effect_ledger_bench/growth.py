@@ -31,8 +31,9 @@ class TableSize:
         return self.total_bytes - self.index_bytes
 
 
-async def _pipe(source: asyncpg.Connection, target: asyncpg.Connection, query: str, table: str,
-                first: int, last: int) -> None:
+async def _pipe(
+    source: asyncpg.Connection, target: asyncpg.Connection, query: str, table: str, first: int, last: int
+) -> None:
     """COPY a catalogue query's rows out of the server and straight back into a ledger table."""
     columns = [attr.name for attr in (await source.prepare(query)).get_attributes()]
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=32)
@@ -86,5 +87,6 @@ async def table_sizes(owner_url: str) -> list[TableSize]:
         rows = await conn.fetch(sql("bench_relation_sizes"))
     finally:
         await conn.close()
-    return [TableSize(r["name"], r["total_bytes"], r["index_bytes"], max(0, r["estimated_rows"]))
-            for r in rows]
+    return [
+        TableSize(r["name"], r["total_bytes"], r["index_bytes"], max(0, r["estimated_rows"])) for r in rows
+    ]

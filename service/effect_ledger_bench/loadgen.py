@@ -151,8 +151,13 @@ async def run(spec: Spec) -> dict[str, Any]:
         first, last = await meter
         cpu, window = last - first, spec.duration
     return {
-        "window": window, "cycles": tally.cycles, "requests": tally.requests, "calls": tally.calls,
-        "errors": tally.errors, "generator_cpu": cpu, "outcomes": tally.outcomes,
+        "window": window,
+        "cycles": tally.cycles,
+        "requests": tally.requests,
+        "calls": tally.calls,
+        "errors": tally.errors,
+        "generator_cpu": cpu,
+        "outcomes": tally.outcomes,
     }
 
 

@@ -70,13 +70,22 @@ async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, durati
     flood_note = ", ".join(f"{status or 'transport error'}: {n:,}" for status, n in sorted(answers.items()))
     limit = f"limit {FLOOD_LIMIT['per_second']}/s burst {FLOOD_LIMIT['burst']}"
     return [
-        Row("8", f"neighbour: quiet tenant alone, {executors} executors, claim",
-            f"{alone.cycle_rate:,.0f} cycles/s", base, notes=_errors(alone)),
-        Row("8", "neighbour: quiet tenant beside a flood, claim",
-            f"{beside.cycle_rate:,.0f} cycles/s", loaded,
+        Row(
+            "8",
+            f"neighbour: quiet tenant alone, {executors} executors, claim",
+            f"{alone.cycle_rate:,.0f} cycles/s",
+            base,
+            notes=_errors(alone),
+        ),
+        Row(
+            "8",
+            "neighbour: quiet tenant beside a flood, claim",
+            f"{beside.cycle_rate:,.0f} cycles/s",
+            loaded,
             target=f"p99 <= {NEIGHBOUR_P99_FACTOR:g} x alone: {verdict(factor <= NEIGHBOUR_P99_FACTOR)} "
-                   f"({factor:.2f}x)",
-            notes=f"{_errors(beside)}; flood ({FLOOD_TASKS} connections, {limit}): {flood_note}"),
+            f"({factor:.2f}x)",
+            notes=f"{_errors(beside)}; flood ({FLOOD_TASKS} connections, {limit}): {flood_note}",
+        ),
     ]
 
 

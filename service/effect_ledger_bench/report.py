@@ -48,11 +48,18 @@ def render(title: list[str], rows: list[Row]) -> str:
     cells = [header]
     for row in rows:
         lat = row.latency
-        cells.append((
-            row.step, row.name, row.rate,
-            ms(lat.p50) if lat else "", ms(lat.p95) if lat else "", ms(lat.p99) if lat else "",
-            row.target, row.notes,
-        ))
+        cells.append(
+            (
+                row.step,
+                row.name,
+                row.rate,
+                ms(lat.p50) if lat else "",
+                ms(lat.p95) if lat else "",
+                ms(lat.p99) if lat else "",
+                row.target,
+                row.notes,
+            )
+        )
     widths = [max(len(line[i]) for line in cells) for i in range(len(header) - 1)]
     lines = [*title, ""]
     for line in cells:

@@ -70,9 +70,19 @@ class BenchConfig:
     @classmethod
     def smoke(cls) -> BenchConfig:
         """Tiny sizes: proves every row runs, in seconds; its figures mean nothing."""
-        return cls(duration=1.0, warmup=0.0, growth_sizes=(0, 2000), growth_duration=1.0, replay_duration=1.0,
-                   contention_executors=8, hot_ids=10, workers=1, journal_duration=1.0, journal_records=60,
-                   journal_sessions=2)
+        return cls(
+            duration=1.0,
+            warmup=0.0,
+            growth_sizes=(0, 2000),
+            growth_duration=1.0,
+            replay_duration=1.0,
+            contention_executors=8,
+            hot_ids=10,
+            workers=1,
+            journal_duration=1.0,
+            journal_records=60,
+            journal_sessions=2,
+        )
 
 
 @dataclass
@@ -123,8 +133,9 @@ class Bench:
         self.secret = secrets.token_urlsafe(48)
         settings = Settings.from_env()
         executors = max(config.concurrency, config.contention_executors)
-        self.tokens = [mint_token(self.secret, TENANT, PRINCIPAL, SCOPE, settings, 6 * 3600)
-                       for _ in range(executors)]
+        self.tokens = [
+            mint_token(self.secret, TENANT, PRINCIPAL, SCOPE, settings, 6 * 3600) for _ in range(executors)
+        ]
         self.rows: list[Row] = []
         self.deferred: list[Row] = []
         self.limit_rate = self.previous_limit_rate = self.floor_rate = self.service_rate = 0.0
@@ -143,8 +154,9 @@ class Bench:
         self.generator_name = "wrk (Lua)" if gen.uses_wrk else f"Python x{gen.processes} processes"
         return gen
 
-    async def measured_cycles(self, gen: Generator, probe: Probe, warmup: float, duration: float,
-                              prefix: str) -> LoadResult:
+    async def measured_cycles(
+        self, gen: Generator, probe: Probe, warmup: float, duration: float, prefix: str
+    ) -> LoadResult:
         """Cycles by the configured executors, with the probe around the measured window."""
         if gen.uses_wrk:
             if warmup > 0:
@@ -189,23 +201,36 @@ class Bench:
             pg = "" if r.postgres_cpu is None else f", PostgreSQL {r.postgres_cpu / r.seconds:.2f} cores"
             cycles = max(r.cycles_per_second * r.seconds, 1)
             per_cycle = "" if r.postgres_cpu is None else f", {r.postgres_cpu / cycles * 1000:.2f} ms/cycle"
-            self.add(Row(
-                "1", f"{names[kind]}, {c.concurrency} clients", f"{r.cycles_per_second:,.0f} cycles/s",
-                notes=f"mean {r.latency_ms:.1f} ms/cycle, {r.failed} failed, "
-                      f"pgbench {r.pgbench_cpu / r.seconds:.2f} cores{pg}{per_cycle}",
-            ))
+            self.add(
+                Row(
+                    "1",
+                    f"{names[kind]}, {c.concurrency} clients",
+                    f"{r.cycles_per_second:,.0f} cycles/s",
+                    notes=f"mean {r.latency_ms:.1f} ms/cycle, {r.failed} failed, "
+                    f"pgbench {r.pgbench_cpu / r.seconds:.2f} cores{pg}{per_cycle}",
+                )
+            )
 
     async def floors(self, url: str) -> None:
         """2. asyncpg in one process: the bare statements, then the repository functions."""
         c = self.config
-        for kind, name in (("statements", "floor: asyncpg, same statements"),
-                           ("repository", "floor: asyncpg + repository/domain")):
+        for kind, name in (
+            ("statements", "floor: asyncpg, same statements"),
+            ("repository", "floor: asyncpg + repository/domain"),
+        ):
             progress(f"{name}, {c.concurrency} tasks")
             r = await run_floor(url, kind, c.concurrency, c.warmup, c.duration, f"floor-{kind}")
             if kind == "statements":
                 self.floor_rate = r.cycle_rate
-            self.add(Row("2", f"{name}, 1 process", f"{r.cycle_rate:,.0f} cycles/s",
-                                 r.latency("cycle"), notes="latency per cycle (3 transactions), no HTTP"))
+            self.add(
+                Row(
+                    "2",
+                    f"{name}, 1 process",
+                    f"{r.cycle_rate:,.0f} cycles/s",
+                    r.latency("cycle"),
+                    notes="latency per cycle (3 transactions), no HTTP",
+                )
+            )
 
     async def service_phase(self, url: str) -> None:
         """3-5. The service over HTTP: cycles, replays, contention."""
@@ -216,8 +241,10 @@ class Bench:
         try:
             gen = self.generator(service)
             probe = Probe(service, self.cluster.postmaster)
-            progress(f"service: {c.concurrency} executors via {self.generator_name}, {c.warmup:g} s warm-up"
-                     f" + {c.duration:g} s")
+            progress(
+                f"service: {c.concurrency} executors via {self.generator_name}, {c.warmup:g} s warm-up"
+                f" + {c.duration:g} s"
+            )
             r = await self.measured_cycles(gen, probe, c.warmup, c.duration, "cyc")
             self.service_rate = r.cycle_rate
             self._service_rows(r, probe)
@@ -231,36 +258,55 @@ class Bench:
     def _service_rows(self, r: LoadResult, probe: Probe) -> None:
         c = self.config
         window = max(r.window, 1e-9)
-        self.add(Row(
-            "3", f"service: full cycles, {c.concurrency} executors", f"{r.cycle_rate:,.0f} cycles/s",
-            notes=f"serve --workers {c.workers}, {c.duration:g} s after {c.warmup:g} s warm-up, "
-                  f"{errors_note(r)}",
-        ))
+        self.add(
+            Row(
+                "3",
+                f"service: full cycles, {c.concurrency} executors",
+                f"{r.cycle_rate:,.0f} cycles/s",
+                notes=f"serve --workers {c.workers}, {c.duration:g} s after {c.warmup:g} s warm-up, "
+                f"{errors_note(r)}",
+            )
+        )
         for call in CALLS:
             lat = r.latency(call)
             target = ""
             if call == "claim":
                 target = f"p99 <= {CLAIM_P99_MS:g} ms: {verdict(lat.p99 <= CLAIM_P99_MS)}"
-            self.add(Row("3", f"service: {call}", f"{lat.count / window:,.0f} calls/s", lat,
-                                 target=target))
+            self.add(Row("3", f"service: {call}", f"{lat.count / window:,.0f} calls/s", lat, target=target))
         share = r.generator_cpu / (window * self.cores)
-        self.add(Row("3", "service: load generator CPU", f"{share:.0%} of {self.cores} cores",
-                             notes=self.generator_name))
+        self.add(
+            Row(
+                "3",
+                "service: load generator CPU",
+                f"{share:.0%} of {self.cores} cores",
+                notes=self.generator_name,
+            )
+        )
         cycles = max(r.cycles, 1)
         pg_cpu = probe.postgres_cpu
         pg = "n/a" if pg_cpu is None else f"{pg_cpu / cycles * 1000:.2f} ms"
         pg_cores = "" if pg_cpu is None else f", PostgreSQL {pg_cpu / window:.2f} cores"
         self.service_cpu_per_cycle_ms = probe.service_cpu / cycles * 1000
         ok = self.service_cpu_per_cycle_ms <= SERVICE_CPU_PER_CYCLE_MS
-        self.add(Row(
-            "3", "service: CPU per cycle", f"service {self.service_cpu_per_cycle_ms:.2f} ms",
-            target=f"<= {SERVICE_CPU_PER_CYCLE_MS:g} ms: {verdict(ok)}",
-            notes=f"PostgreSQL {pg}; service {probe.service_cpu / window:.2f} cores{pg_cores}",
-        ))
+        self.add(
+            Row(
+                "3",
+                "service: CPU per cycle",
+                f"service {self.service_cpu_per_cycle_ms:.2f} ms",
+                target=f"<= {SERVICE_CPU_PER_CYCLE_MS:g} ms: {verdict(ok)}",
+                notes=f"PostgreSQL {pg}; service {probe.service_cpu / window:.2f} cores{pg_cores}",
+            )
+        )
         worst = max(probe.rss, default=float("nan"))
-        self.add(Row("3", "service: RSS per worker", " / ".join(f"{m:.0f} MiB" for m in probe.rss),
-                             target=f"<= {RSS_PER_WORKER_MB:g} MiB: {verdict(worst <= RSS_PER_WORKER_MB)}",
-                             notes="at the end of the measured window"))
+        self.add(
+            Row(
+                "3",
+                "service: RSS per worker",
+                " / ".join(f"{m:.0f} MiB" for m in probe.rss),
+                target=f"<= {RSS_PER_WORKER_MB:g} MiB: {verdict(worst <= RSS_PER_WORKER_MB)}",
+                notes="at the end of the measured window",
+            )
+        )
 
     async def replay(self, gen: Generator, url: str) -> None:
         """4. Claims of committed IDs: answered with the stored receipt."""
@@ -275,8 +321,15 @@ class Bench:
             await conn.close()
         progress(f"replay: {c.concurrency} executors, {len(ids):,} committed IDs, {c.replay_duration:g} s")
         r = await gen.replays(c.concurrency, c.replay_duration, "rep", ids)
-        self.add(Row("4", "replay: claims of committed IDs", f"{r.request_rate:,.0f} req/s",
-                             r.latency("claim"), notes=f"200 reuse_receipt expected, {errors_note(r)}"))
+        self.add(
+            Row(
+                "4",
+                "replay: claims of committed IDs",
+                f"{r.request_rate:,.0f} req/s",
+                r.latency("claim"),
+                notes=f"200 reuse_receipt expected, {errors_note(r)}",
+            )
+        )
 
     async def contention(self, gen: Generator) -> None:
         """5. Many executors racing for few IDs: exactly one 201 per ID, every other answer 409."""
@@ -284,21 +337,31 @@ class Bench:
         hot = [f"hot-{secrets.token_hex(4)}-{i}" for i in range(c.hot_ids)]
         progress(f"contention: {c.contention_executors} executors racing on {c.hot_ids} IDs")
         r = await gen.contention(c.contention_executors, hot)
-        exact = sum(1 for op in hot if r.outcomes.get(op, {}).get("201") == 1
-                    and r.outcomes[op].get("409", 0) == c.contention_executors - 1)
+        exact = sum(
+            1
+            for op in hot
+            if r.outcomes.get(op, {}).get("201") == 1
+            and r.outcomes[op].get("409", 0) == c.contention_executors - 1
+        )
         ok = exact == len(hot)
-        self.add(Row(
-            "5", f"contention: {c.contention_executors} executors, {c.hot_ids} hot IDs",
-            f"{r.request_rate:,.0f} req/s", r.latency("claim"),
-            target=f"1 winner per ID: {'correct' if ok else 'INCORRECT'}",
-            notes=f"{exact}/{len(hot)} IDs with exactly one 201 and {c.contention_executors - 1} x 409",
-        ))
+        self.add(
+            Row(
+                "5",
+                f"contention: {c.contention_executors} executors, {c.hot_ids} hot IDs",
+                f"{r.request_rate:,.0f} req/s",
+                r.latency("claim"),
+                target=f"1 winner per ID: {'correct' if ok else 'INCORRECT'}",
+                notes=f"{exact}/{len(hot)} IDs with exactly one 201 and {c.contention_executors - 1} x 409",
+            )
+        )
 
     async def neighbour(self, gen: Generator) -> None:
         """8. The quiet tenant's claim p99 alone and beside a tenant flooding far above its limit."""
         c = self.config
-        progress(f"neighbour: {QUIET_EXECUTORS} quiet executors alone, then beside a flood of "
-                 f"{FLOOD_TASKS} connections, {c.replay_duration:g} s each")
+        progress(
+            f"neighbour: {QUIET_EXECUTORS} quiet executors alone, then beside a flood of "
+            f"{FLOOD_TASKS} connections, {c.replay_duration:g} s each"
+        )
         token = mint_token(self.secret, FLOOD_TENANT, FLOOD_PRINCIPAL, SCOPE, Settings.from_env(), 6 * 3600)
         for row in await neighbour_rows(gen, token, min(c.warmup, 2.0), c.replay_duration):
             self.add(row)
@@ -307,8 +370,9 @@ class Bench:
         """9. The run journal: appends and projections, over HTTP and on asyncpg alone."""
         c = self.config
         settings = Settings.from_env()
-        journal = JournalConfig(c.concurrency, c.concurrency, c.warmup, c.journal_duration, c.journal_records,
-                                c.journal_sessions)
+        journal = JournalConfig(
+            c.concurrency, c.concurrency, c.warmup, c.journal_duration, c.journal_records, c.journal_sessions
+        )
 
         def token_for(tenant: str, sub: str, scope: str) -> str:
             return mint_token(self.secret, tenant, sub, scope, settings, 6 * 3600)
@@ -339,15 +403,25 @@ class Bench:
                 r = await self.measured_cycles(gen, probe, min(c.warmup, 2.0), c.growth_duration, f"g{size}")
                 claim = r.latency("claim")
                 empty_p50 = claim.p50 if empty_p50 is None else empty_p50
-                sizes = "; ".join(f"{t.name} {mib(t.heap_bytes)} + indexes {mib(t.index_bytes)}"
-                                  for t in await table_sizes(url))
+                sizes = "; ".join(
+                    f"{t.name} {mib(t.heap_bytes)} + indexes {mib(t.index_bytes)}"
+                    for t in await table_sizes(url)
+                )
                 target = ""
                 if size == max(c.growth_sizes) and size > 0:
                     factor = claim.p50 / empty_p50
                     ok = verdict(factor <= GROWTH_P50_FACTOR)
                     target = f"p50 <= {GROWTH_P50_FACTOR:g} x {baseline}: {ok} ({factor:.2f}x)"
-                self.add(Row("6", f"growth: {size:,} rows, claim", f"{r.cycle_rate:,.0f} cycles/s",
-                                     claim, target=target, notes=sizes))
+                self.add(
+                    Row(
+                        "6",
+                        f"growth: {size:,} rows, claim",
+                        f"{r.cycle_rate:,.0f} cycles/s",
+                        claim,
+                        target=target,
+                        notes=sizes,
+                    )
+                )
         finally:
             await service.stop()
 
@@ -357,13 +431,24 @@ class Bench:
         previous = self.previous_limit_rate
         to_previous = self.service_rate / previous if previous else float("nan")
         to_floor = self.service_rate / self.floor_rate if self.floor_rate else float("nan")
-        self.add(Row("7", "ratio service/limit", f"{to_limit:.2f}",
-                             target=f">= {SERVICE_TO_LIMIT:.2f}: {verdict(to_limit >= SERVICE_TO_LIMIT)}",
-                             notes="limit = one statement per call"))
-        self.add(Row("7", "ratio service/old limit", f"{to_previous:.2f}",
-                             notes="old limit = previous SQL, 4-5 statements per call"))
-        self.add(Row("7", "ratio service/floor", f"{to_floor:.2f}",
-                             notes="floor = asyncpg, same statements"))
+        self.add(
+            Row(
+                "7",
+                "ratio service/limit",
+                f"{to_limit:.2f}",
+                target=f">= {SERVICE_TO_LIMIT:.2f}: {verdict(to_limit >= SERVICE_TO_LIMIT)}",
+                notes="limit = one statement per call",
+            )
+        )
+        self.add(
+            Row(
+                "7",
+                "ratio service/old limit",
+                f"{to_previous:.2f}",
+                notes="old limit = previous SQL, 4-5 statements per call",
+            )
+        )
+        self.add(Row("7", "ratio service/floor", f"{to_floor:.2f}", notes="floor = asyncpg, same statements"))
         for row in self.deferred:
             self.add(row)
 
@@ -386,7 +471,9 @@ async def run_bench(config: BenchConfig) -> str:
         bench = Bench(config, cluster, workdir)
         url = await cluster.create("effect_ledger_bench")
         phases: list[Callable[[], Awaitable[None]]] = [
-            lambda: bench.limit(url), lambda: bench.floors(url), lambda: bench.service_phase(url),
+            lambda: bench.limit(url),
+            lambda: bench.floors(url),
+            lambda: bench.service_phase(url),
             bench.growth,
         ]
         for phase in phases:

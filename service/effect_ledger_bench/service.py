@@ -59,8 +59,16 @@ class ServiceProcess:
 
     async def start(self, within: float = 90.0) -> None:
         """Start serving and wait until /readyz answers 200."""
-        argv = [*serve_command(), "serve", "--workers", str(self.workers), "--host", self.host,
-                "--port", str(self.port)]
+        argv = [
+            *serve_command(),
+            "serve",
+            "--workers",
+            str(self.workers),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
         with self.log_path.open("wb") as log:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, env=self._env, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True

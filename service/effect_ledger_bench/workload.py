@@ -24,9 +24,11 @@ def claim_path(op_id: str, call: str) -> str:
 def claim_body(op_id: str, nonce: str) -> dict[str, Any]:
     """A claim with a small intent (hashed by the service) and a client nonce, as careful executors send."""
     return {
-        "tool": TOOL, "tool_version": TOOL_VERSION,
+        "tool": TOOL,
+        "tool_version": TOOL_VERSION,
         "intent": {"op": op_id, "amount_cents": 1250, "currency": "EUR"},
-        "lease_seconds": LEASE_SECONDS, "client_nonce": nonce,
+        "lease_seconds": LEASE_SECONDS,
+        "client_nonce": nonce,
     }
 
 

@@ -17,7 +17,8 @@ from effect_ledger_bench.procs import children_cpu_seconds
 from effect_ledger_bench.stats import LoadResult
 from effect_ledger_bench.workload import LEASE_SECONDS, TOOL, TOOL_VERSION
 
-SCRIPT = r"""
+SCRIPT = (
+    r"""
 local ffi = require("ffi")
 ffi.cdef[[
 typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
@@ -121,7 +122,10 @@ function done(summary, latency, requests)
     summary.duration, summary.requests, e.connect + e.read + e.write + e.timeout, e.status,
     table.concat(parts, ",")))
 end
-""".replace("@TOOL@", TOOL).replace("@VERSION@", TOOL_VERSION).replace("@LEASE@", str(LEASE_SECONDS))
+""".replace("@TOOL@", TOOL)
+    .replace("@VERSION@", TOOL_VERSION)
+    .replace("@LEASE@", str(LEASE_SECONDS))
+)
 
 
 def wrk_path() -> str | None:
@@ -147,7 +151,13 @@ def _parse(stdout: str) -> LoadResult:
 
 
 async def wrk_load(
-    mode: str, base_url: str, workdir: Path, tokens: list[str], executors: int, seconds: float, prefix: str,
+    mode: str,
+    base_url: str,
+    workdir: Path,
+    tokens: list[str],
+    executors: int,
+    seconds: float,
+    prefix: str,
     ids: list[str] | None = None,
 ) -> LoadResult:
     """Run wrk once (cycle or replay mode) and return what it measured, with its own CPU seconds."""
@@ -164,9 +174,22 @@ async def wrk_load(
     script.write_text(SCRIPT)
     cpu_before = children_cpu_seconds()
     proc = await asyncio.create_subprocess_exec(
-        binary, f"-t{executors}", f"-c{executors}", f"-d{max(1, math.ceil(seconds))}s", "--timeout", "10s",
-        "-s", str(script), base_url, "--", mode, prefix, str(token_file), id_file,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        binary,
+        f"-t{executors}",
+        f"-c{executors}",
+        f"-d{max(1, math.ceil(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        base_url,
+        "--",
+        mode,
+        prefix,
+        str(token_file),
+        id_file,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     if proc.returncode != 0:

@@ -54,8 +54,10 @@ async def sigterm_during_a_request(served: Served) -> None:
         try:
             lock = owner.transaction()
             await lock.start()
-            await owner.execute("SELECT 1 FROM ledger.operations"
-                                " WHERE tenant_id = 't1' AND operation_id = 'op-term' FOR UPDATE")
+            await owner.execute(
+                "SELECT 1 FROM ledger.operations"
+                " WHERE tenant_id = 't1' AND operation_id = 'op-term' FOR UPDATE"
+            )
             submit = asyncio.create_task(http.post("/v1/operations/op-term/submit", json={"token": token}))
             await wait_for_lock_waiter(owner)
 
@@ -117,7 +119,8 @@ async def two_workers(served: Served) -> None:
     owner = await served.owner()
     try:
         connections = await owner.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'effect-ledger'")
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'effect-ledger'"
+        )
     finally:
         await owner.close()
     assert connections >= 4  # each worker has its own runtime and reader pools

@@ -32,8 +32,13 @@ async def run(base_url: str, sink_url: str, name: str, lease: int, pause: float,
         result: dict[str, object] = {"operation_id": operation_id, "executor": name, "sink_called": False}
         while True:
             try:
-                async with client.effect(operation_id, tool=TOOL, tool_version=TOOL_VERSION,
-                                         intent={"operation": operation_id}, lease_seconds=lease) as effect:
+                async with client.effect(
+                    operation_id,
+                    tool=TOOL,
+                    tool_version=TOOL_VERSION,
+                    intent={"operation": operation_id},
+                    lease_seconds=lease,
+                ) as effect:
                     if effect.reused:
                         result["outcome"] = "reused"
                         return result
@@ -58,8 +63,10 @@ async def run(base_url: str, sink_url: str, name: str, lease: int, pause: float,
                 result["outcome"] = problem.code
                 return result
 
-    async with LedgerClient(base_url, os.environ["EFFECT_LEDGER_CHAOS_TOKEN"], retry=retry) as client, \
-            httpx.AsyncClient(timeout=10) as sink:
+    async with (
+        LedgerClient(base_url, os.environ["EFFECT_LEDGER_CHAOS_TOKEN"], retry=retry) as client,
+        httpx.AsyncClient(timeout=10) as sink,
+    ):
         results = await asyncio.gather(*(one(client, sink, i) for i in ids))
     for result in results:
         print(json.dumps(result), flush=True)

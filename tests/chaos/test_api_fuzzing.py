@@ -31,13 +31,31 @@ pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 
 EXAMPLES = scale(1000, 6000)
 
-VIEW_KEYS = {"operation_id", "principal", "tool", "tool_version", "intent_digest", "status", "attempt",
-             "lease_expires_at", "lease_expired", "effect_ref", "receipt", "not_applied_reason", "created_at",
-             "updated_at", "submitted_at", "resolved_at", "resolved_by"}
+VIEW_KEYS = {
+    "operation_id",
+    "principal",
+    "tool",
+    "tool_version",
+    "intent_digest",
+    "status",
+    "attempt",
+    "lease_expires_at",
+    "lease_expired",
+    "effect_ref",
+    "receipt",
+    "not_applied_reason",
+    "created_at",
+    "updated_at",
+    "submitted_at",
+    "resolved_at",
+    "resolved_by",
+}
 # one token per scope, and a token of another tenant; half of the cases carry every scope
 FULL = token("t1", "fuzz-1", ttl=TOKEN_TTL_SECONDS)
-TOKENS = [*(token("t1", "fuzz-1", scope, ttl=TOKEN_TTL_SECONDS) for scope in ALL_SCOPES),
-          token("t2", "fuzz-2", ttl=TOKEN_TTL_SECONDS)]
+TOKENS = [
+    *(token("t1", "fuzz-1", scope, ttl=TOKEN_TTL_SECONDS) for scope in ALL_SCOPES),
+    token("t2", "fuzz-2", ttl=TOKEN_TTL_SECONDS),
+]
 
 
 def problems_in(status: int, content_type: str, body: Any) -> list[str]:
@@ -68,11 +86,18 @@ def views_in(body: Any) -> list[dict[str, Any]]:
 
 def fuzz(schema: Any, base_url: str, examples: int, seen: Counter[str], found: list[str]) -> None:
     """Generate cases (positive and negative) for every operation and check each answer."""
-    cases = st.one_of(schema.as_strategy(generation_mode=GenerationMode.POSITIVE),
-                      schema.as_strategy(generation_mode=GenerationMode.NEGATIVE))
+    cases = st.one_of(
+        schema.as_strategy(generation_mode=GenerationMode.POSITIVE),
+        schema.as_strategy(generation_mode=GenerationMode.NEGATIVE),
+    )
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=not LONG,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=not LONG,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=cases, bearer=st.one_of(st.just(FULL), st.sampled_from(TOKENS)))
     def one(case: Any, bearer: str) -> None:
         response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {bearer}"}, timeout=30)
@@ -108,8 +133,11 @@ async def _seed(base_url: str) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
         headers = {"Authorization": f"Bearer {token('t1', 'fuzz-1')}"}
         for n in range(5):
-            r = await http.post(f"/v1/operations/seed-{n}/claim", headers=headers,
-                                json={"tool": "t", "tool_version": "1", "intent": {"n": n}})
+            r = await http.post(
+                f"/v1/operations/seed-{n}/claim",
+                headers=headers,
+                json={"tool": "t", "tool_version": "1", "intent": {"n": n}},
+            )
             claim_token = r.json()["claim"]["token"]
             if n >= 1:
                 submit = {"token": claim_token}
@@ -118,8 +146,11 @@ async def _seed(base_url: str) -> None:
                 outcome = {2: "committed", 3: "not_applied", 4: "unknown"}[n]
                 extra = {"receipt": {"external_ref": "e"}} if n == 2 else {}
                 extra = {"reason": {"category": "rejected"}} if n == 3 else extra
-                await http.post(f"/v1/operations/seed-{n}/complete", headers=headers,
-                                json={"token": claim_token, "outcome": outcome, **extra})
+                await http.post(
+                    f"/v1/operations/seed-{n}/complete",
+                    headers=headers,
+                    json={"token": claim_token, "outcome": outcome, **extra},
+                )
 
 
 async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
@@ -138,8 +169,11 @@ async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
             await asyncio.to_thread(fuzz, schema, service.base_url, EXAMPLES, seen, found)
         figures.operations = sum(seen.values())
         figures.faults = figures.operations  # every request is generated input
-        figures.extra = {"api_operations": operations, "tokens": len(TOKENS) + 1,
-                         "answers": dict(sorted(seen.items()))}
+        figures.extra = {
+            "api_operations": operations,
+            "tokens": len(TOKENS) + 1,
+            "answers": dict(sorted(seen.items())),
+        }
         figures.check(sorted(set(found)))
     figures.assert_clean()
     assert operations >= 15 and figures.operations >= EXAMPLES * 0.9

@@ -26,8 +26,13 @@ async def _storm(http: list[httpx.AsyncClient], operation_id: str) -> list[httpx
     headers = auth("t1", "exec-1", "ledger:execute")
 
     async def claimer(index: int) -> httpx.Response:
-        body = {"tool": TOOL, "tool_version": TOOL_VERSION, "intent": {"operation": operation_id},
-                "lease_seconds": 60, "client_nonce": secrets.token_urlsafe(18)}
+        body = {
+            "tool": TOOL,
+            "tool_version": TOOL_VERSION,
+            "intent": {"operation": operation_id},
+            "lease_seconds": 60,
+            "client_nonce": secrets.token_urlsafe(18),
+        }
         await gate.wait()
         return await http[index % 2].post(f"/v1/operations/{operation_id}/claim", json=body, headers=headers)
 
@@ -42,21 +47,27 @@ async def test_claim_storm_has_exactly_one_winner_per_id(request: pytest.Fixture
     with scenario(request, "claim_storm") as figures:
         async with ServiceProcess(db_url, pool_size=10) as one, ServiceProcess(db_url, pool_size=10) as two:
             limits = httpx.Limits(max_connections=CLAIMERS, max_keepalive_connections=CLAIMERS)
-            clients = [httpx.AsyncClient(base_url=s.base_url, timeout=60, limits=limits,
-                                         transport=history.transport()) for s in (one, two)]
+            clients = [
+                httpx.AsyncClient(
+                    base_url=s.base_url, timeout=60, limits=limits, transport=history.transport()
+                )
+                for s in (one, two)
+            ]
             winners: dict[str, int] = {}
             losers: dict[str, int] = {}
             try:
                 ids = [f"storm-{n}" for n in range(IDS)]
                 for start in range(0, IDS, IDS_AT_ONCE):
-                    batch = ids[start:start + IDS_AT_ONCE]
+                    batch = ids[start : start + IDS_AT_ONCE]
                     answers = await asyncio.gather(*(_storm(clients, i) for i in batch))
                     for operation_id, responses in zip(batch, answers, strict=True):
                         statuses = [r.status_code for r in responses]
                         winners[operation_id] = statuses.count(201)
                         losers[operation_id] = sum(
-                            1 for r in responses
-                            if r.status_code == 409 and r.json()["code"] == "operation_in_progress"
+                            1
+                            for r in responses
+                            if r.status_code == 409
+                            and r.json()["code"] == "operation_in_progress"
                             and r.headers.get("retry-after", "").isdigit()
                         )
             finally:
@@ -64,8 +75,12 @@ async def test_claim_storm_has_exactly_one_winner_per_id(request: pytest.Fixture
                     await client.aclose()
         figures.operations = len(history.calls)
         figures.faults = 0
-        figures.extra = {"ids": IDS, "claimers_per_id": CLAIMERS, "services": 2,
-                         "answers": dict(sorted(history.statuses().items()))}
+        figures.extra = {
+            "ids": IDS,
+            "claimers_per_id": CLAIMERS,
+            "services": 2,
+            "answers": dict(sorted(history.statuses().items())),
+        }
         for operation_id in winners:
             if winners[operation_id] != 1:
                 figures.violations.append(f"{operation_id}: {winners[operation_id]} winners")

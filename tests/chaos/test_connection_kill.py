@@ -67,8 +67,15 @@ async def test_terminated_connections_leave_no_partial_writes(
             terminator = asyncio.create_task(_terminate_connections(db_url, random.Random(3), done))
             ids = [f"term-{n}" for n in range(OPERATIONS)]
             try:
-                tally = await run_executors(clients, sink, "t1", ids, LEASE_SECONDS, scale(100, 1100),
-                                            more=lambda n: None if terminator.done() else f"term-{n}")
+                tally = await run_executors(
+                    clients,
+                    sink,
+                    "t1",
+                    ids,
+                    LEASE_SECONDS,
+                    scale(100, 1100),
+                    more=lambda n: None if terminator.done() else f"term-{n}",
+                )
             finally:
                 done.set()
                 terminated = await terminator
@@ -82,9 +89,14 @@ async def test_terminated_connections_leave_no_partial_writes(
         statuses = history.statuses()
         figures.operations = len(history.calls)
         figures.faults = terminated
-        figures.extra = {"effects": len(ids), "answers_503": statuses[503],
-                         "answers_5xx_other": sum(n for s, n in statuses.items() if s >= 500 and s != 503),
-                         "executed": sink.total, "outcomes": dict(tally.outcomes), **reconciled}
+        figures.extra = {
+            "effects": len(ids),
+            "answers_503": statuses[503],
+            "answers_5xx_other": sum(n for s, n in statuses.items() if s >= 500 and s != 503),
+            "executed": sink.total,
+            "outcomes": dict(tally.outcomes),
+            **reconciled,
+        }
         figures.check(check_answers(history))
         figures.check(check_ledger(state))
         figures.check(check_effects(state, sink.executions, settled=True))
@@ -98,7 +110,10 @@ async def test_terminated_connections_leave_no_partial_writes(
 async def _any_open(db_url: str) -> bool:
     owner = await asyncpg.connect(db_url)
     try:
-        return bool(await owner.fetchval(
-            "SELECT count(*) FROM ledger.operations WHERE status IN ('pending', 'submitted')"))
+        return bool(
+            await owner.fetchval(
+                "SELECT count(*) FROM ledger.operations WHERE status IN ('pending', 'submitted')"
+            )
+        )
     finally:
         await owner.close()

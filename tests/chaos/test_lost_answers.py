@@ -36,8 +36,11 @@ async def test_lost_answers_never_duplicate_an_effect(request: pytest.FixtureReq
     history = History()
     settings = Settings(database_url=db_url, background_sweep=False, pool_size=10, log_level="warning")
     with scenario(request, "lost_answers") as figures:
-        async with Sink() as sink, Service(settings) as service, \
-                LossyProxy(service.port, DROP_FRACTION, seed=5) as proxy:
+        async with (
+            Sink() as sink,
+            Service(settings) as service,
+            LossyProxy(service.port, DROP_FRACTION, seed=5) as proxy,
+        ):
             clients = [ledger_client(proxy.url, history, keepalive=False) for _ in range(EXECUTORS)]
             ids = [f"lost-{n}" for n in range(OPERATIONS)]
             try:
@@ -50,11 +53,16 @@ async def test_lost_answers_never_duplicate_an_effect(request: pytest.FixtureReq
             state = await read_state(db_url)
         figures.operations = len(history.calls)
         figures.faults = proxy.dropped
-        figures.extra = {"effects": OPERATIONS, "answers_dropped": proxy.dropped,
-                         "requests_forwarded": proxy.forwarded,
-                         "claims_replayed_by_nonce": sum(1 for c in history.calls if c.replayed),
-                         "receipt_replays": len(replays), "executed": sink.total,
-                         "outcomes": dict(tally.outcomes), **reconciled}
+        figures.extra = {
+            "effects": OPERATIONS,
+            "answers_dropped": proxy.dropped,
+            "requests_forwarded": proxy.forwarded,
+            "claims_replayed_by_nonce": sum(1 for c in history.calls if c.replayed),
+            "receipt_replays": len(replays),
+            "executed": sink.total,
+            "outcomes": dict(tally.outcomes),
+            **reconciled,
+        }
         for operation_id, receipts in replays.items():
             if receipts[0] is None or any(r != receipts[0] for r in receipts):
                 figures.violations.append(f"{operation_id}: replays answered different receipts {receipts}")
@@ -77,8 +85,9 @@ async def _replay_everything(client: LedgerClient, history: History, ids: list[s
     receipts: dict[str, list[Any]] = {}
     for operation_id in ids:
         mark = len(history.calls)
-        again = await client.claim(operation_id, tool=TOOL, tool_version=TOOL_VERSION,
-                                   intent={"operation": operation_id})
+        again = await client.claim(
+            operation_id, tool=TOOL, tool_version=TOOL_VERSION, intent={"operation": operation_id}
+        )
         await client.get_operation(operation_id)
         assert again.action == "reuse_receipt"
         answers = [c.body for c in history.calls[mark:] if c.outcome == "ok"]

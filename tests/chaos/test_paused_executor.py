@@ -38,11 +38,16 @@ SCRIPT = Path(__file__).with_name("executor_proc.py")
 
 
 def _spawn(base_url: str, sink_url: str, name: str, pause: float, ids: list[str]) -> subprocess.Popen[str]:
-    env = {"EFFECT_LEDGER_CHAOS_TOKEN": token("t1", "exec-1", "ledger:execute", ttl=3600),
-           "PATH": "/usr/bin:/bin"}
+    env = {
+        "EFFECT_LEDGER_CHAOS_TOKEN": token("t1", "exec-1", "ledger:execute", ttl=3600),
+        "PATH": "/usr/bin:/bin",
+    }
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), base_url, sink_url, name, str(LEASE_SECONDS), str(pause), *ids],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 

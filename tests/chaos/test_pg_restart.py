@@ -72,8 +72,10 @@ def missing_acknowledged(history: History, state: LedgerState, tenant: str = "t1
         if call.kind == "complete":
             wanted = [e for e in wanted if e["to_status"] == view["status"]]
         if not wanted:
-            found.append(f"{call.operation_id}: {call.kind} answered {call.status} (attempt {attempt}, "
-                         f"{view['status']}) but its event is missing")
+            found.append(
+                f"{call.operation_id}: {call.kind} answered {call.status} (attempt {attempt}, "
+                f"{view['status']}) but its event is missing"
+            )
     return found
 
 
@@ -81,8 +83,13 @@ async def test_postgres_restarted_under_load_keeps_every_acknowledged_transition
     request: pytest.FixtureRequest, scratch_pg: ScratchPostgres
 ) -> None:
     history = History()
-    settings = Settings(database_url=scratch_pg.url, background_sweep=False, pool_size=6, log_level="warning",
-                        pool_acquire_timeout_ms=1000)
+    settings = Settings(
+        database_url=scratch_pg.url,
+        background_sweep=False,
+        pool_size=6,
+        log_level="warning",
+        pool_acquire_timeout_ms=1000,
+    )
     with scenario(request, "postgres_restart") as figures:
         async with Sink() as sink, Service(settings) as service:
             clients = [ledger_client(service.base_url, history) for _ in range(EXECUTORS)]
@@ -90,8 +97,15 @@ async def test_postgres_restarted_under_load_keeps_every_acknowledged_transition
             done = asyncio.Event()
             restarter = asyncio.create_task(_restart_under_load(scratch_pg, random.Random(11), done))
             try:
-                tally = await run_executors(clients, sink, "t1", ids, LEASE_SECONDS, scale(120, 1100),
-                                            more=lambda n: None if restarter.done() else f"pgr-{n}")
+                tally = await run_executors(
+                    clients,
+                    sink,
+                    "t1",
+                    ids,
+                    LEASE_SECONDS,
+                    scale(120, 1100),
+                    more=lambda n: None if restarter.done() else f"pgr-{n}",
+                )
             finally:
                 done.set()
                 restarts = await restarter
@@ -106,9 +120,14 @@ async def test_postgres_restarted_under_load_keeps_every_acknowledged_transition
         statuses = history.statuses()
         figures.operations = len(history.calls)
         figures.faults = restarts
-        figures.extra = {"effects": len(ids), "answers_503": statuses[503],
-                         "acknowledged": sum(1 for c in history.calls if c.outcome == "ok"),
-                         "executed": sink.total, "outcomes": dict(tally.outcomes), **reconciled}
+        figures.extra = {
+            "effects": len(ids),
+            "answers_503": statuses[503],
+            "acknowledged": sum(1 for c in history.calls if c.outcome == "ok"),
+            "executed": sink.total,
+            "outcomes": dict(tally.outcomes),
+            **reconciled,
+        }
         figures.check(missing_acknowledged(history, state))
         figures.check(check_answers(history))
         figures.check(check_ledger(state))
@@ -118,4 +137,3 @@ async def test_postgres_restarted_under_load_keeps_every_acknowledged_transition
     figures.assert_clean()
     assert restarts == RESTARTS and statuses[503] > 0
     assert fresh.action == "execute" and after.statuses() == {201: 1}
-

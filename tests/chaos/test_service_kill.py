@@ -32,8 +32,9 @@ LEASE_SECONDS = 2
 TARGETS = ("claim", "submit", "complete")
 
 
-async def _kill_mid_request(service: ServiceProcess, history: History, rng: random.Random,
-                            done: asyncio.Event) -> Counter[str]:
+async def _kill_mid_request(
+    service: ServiceProcess, history: History, rng: random.Random, done: asyncio.Event
+) -> Counter[str]:
     """Wait for a call of a chosen kind to be in flight, kill the service a few ms later, restart it."""
     kills: Counter[str] = Counter()
     while sum(kills.values()) < KILLS and not done.is_set():
@@ -61,8 +62,14 @@ def _landed_before_the_kill(history: History) -> Counter[str]:
     for index, cut in enumerate(calls):
         if cut.outcome != "unknown" or cut.kind not in TARGETS or cut.error == "ConnectError":
             continue
-        retry: Call | None = next((c for c in calls[index + 1:] if c.operation_id == cut.operation_id
-                                   and c.kind == cut.kind and c.outcome == "ok"), None)
+        retry: Call | None = next(
+            (
+                c
+                for c in calls[index + 1 :]
+                if c.operation_id == cut.operation_id and c.kind == cut.kind and c.outcome == "ok"
+            ),
+            None,
+        )
         if retry is None or not isinstance(retry.body, dict):
             continue
         moment = retry.body.get("submitted_at" if cut.kind == "submit" else "resolved_at")
@@ -79,15 +86,22 @@ async def test_service_killed_mid_request_executes_each_effect_at_most_once(
     history = History()
     rng = random.Random(7)
     with scenario(request, "service_sigkill") as figures:
-        async with Sink() as sink, ServiceProcess(db_url, background_sweep="true",
-                                                  sweep_interval_seconds=1) as service:
+        async with (
+            Sink() as sink,
+            ServiceProcess(db_url, background_sweep="true", sweep_interval_seconds=1) as service,
+        ):
             clients = [ledger_client(service.base_url, history, sub="exec-1") for _ in range(EXECUTORS)]
             ids = [f"kill-{n}" for n in range(OPERATIONS)]
             done = asyncio.Event()
             killer = asyncio.create_task(_kill_mid_request(service, history, rng, done))
             try:
                 tally = await run_executors(
-                    clients, sink, "t1", ids, LEASE_SECONDS, scale(110, 1300),
+                    clients,
+                    sink,
+                    "t1",
+                    ids,
+                    LEASE_SECONDS,
+                    scale(110, 1300),
                     more=lambda n: None if killer.done() else f"kill-{n}",
                 )
             finally:
@@ -102,10 +116,16 @@ async def test_service_killed_mid_request_executes_each_effect_at_most_once(
         figures.faults = sum(kills.values())
         cut = Counter(c.kind for c in history.calls if c.outcome == "unknown" and c.error != "ConnectError")
         refused = sum(1 for c in history.calls if c.error == "ConnectError")
-        figures.extra = {"effects": len(ids), "kills": dict(kills), "calls_cut": dict(cut),
-                         "calls_refused": refused,
-                         "answer_lost_after_commit": dict(_landed_before_the_kill(history)),
-                         "executed": sink.total, "outcomes": dict(tally.outcomes), **reconciled}
+        figures.extra = {
+            "effects": len(ids),
+            "kills": dict(kills),
+            "calls_cut": dict(cut),
+            "calls_refused": refused,
+            "answer_lost_after_commit": dict(_landed_before_the_kill(history)),
+            "executed": sink.total,
+            "outcomes": dict(tally.outcomes),
+            **reconciled,
+        }
         figures.check(check_answers(history))
         figures.check(check_ledger(state))
         figures.check(check_effects(state, sink.executions, settled=True))

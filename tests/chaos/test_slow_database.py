@@ -24,10 +24,14 @@ BURST = 40  # concurrent requests per burst, against a pool of 3
 HEADERS = bearer("t1", "exec-1", "ledger:execute ledger:reconcile")
 HOLDS = {
     # what the other session holds, and the settings that must bound the wait for it
-    "row_locks": ("SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' FOR UPDATE",
-                  {"lock_timeout_ms": 300, "statement_timeout_ms": 5000}),
-    "table_lock": ("LOCK TABLE ledger.operations IN ACCESS EXCLUSIVE MODE",
-                   {"lock_timeout_ms": 5000, "statement_timeout_ms": 400}),
+    "row_locks": (
+        "SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' FOR UPDATE",
+        {"lock_timeout_ms": 300, "statement_timeout_ms": 5000},
+    ),
+    "table_lock": (
+        "LOCK TABLE ledger.operations IN ACCESS EXCLUSIVE MODE",
+        {"lock_timeout_ms": 5000, "statement_timeout_ms": 400},
+    ),
 }
 BOUND_SECONDS = 3.0  # acquire (300 ms) + the lock or statement timeout + a loaded 2-core machine's slack
 
@@ -55,14 +59,22 @@ async def _burst(http: httpx.AsyncClient, tokens: dict[str, str], rng: random.Ra
     return list(await asyncio.gather(*(one(n) for n in range(BURST))))
 
 
-async def _hold_and_burst(db_url: str, name: str, hold: str, settings: dict[str, Any], history: History,
-                          rng: random.Random) -> tuple[list[float], dict[int, int]]:
-    config = Settings(database_url=db_url, background_sweep=False, pool_size=3, pool_acquire_timeout_ms=300,
-                      log_level="warning", **settings)
+async def _hold_and_burst(
+    db_url: str, name: str, hold: str, settings: dict[str, Any], history: History, rng: random.Random
+) -> tuple[list[float], dict[int, int]]:
+    config = Settings(
+        database_url=db_url,
+        background_sweep=False,
+        pool_size=3,
+        pool_acquire_timeout_ms=300,
+        log_level="warning",
+        **settings,
+    )
     latencies: list[float] = []
-    async with Service(config) as service, httpx.AsyncClient(
-        base_url=service.base_url, transport=history.transport(), timeout=15
-    ) as http:
+    async with (
+        Service(config) as service,
+        httpx.AsyncClient(base_url=service.base_url, transport=history.transport(), timeout=15) as http,
+    ):
         tokens = {}
         for n in range(OPERATIONS):
             body = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
@@ -100,17 +112,23 @@ async def test_slow_database_answers_within_a_bound(request: pytest.FixtureReque
             per_hold[name] = (latencies, statuses)
             slow = [t for t in latencies if t > BOUND_SECONDS]
             if slow:
-                figures.violations.append(f"{name}: {len(slow)} answers slower than {BOUND_SECONDS}s "
-                                          f"(max {max(slow):.2f}s; inf = hung)")
+                figures.violations.append(
+                    f"{name}: {len(slow)} answers slower than {BOUND_SECONDS}s "
+                    f"(max {max(slow):.2f}s; inf = hung)"
+                )
             if not statuses.get(503):
                 figures.violations.append(f"{name}: no 503 while the database was held")
         state = await read_state(db_url)
         figures.operations = len(history.calls)
         figures.faults = len(HOLDS) * ROUNDS
         figures.extra = {
-            f"{name}_{key}": value for name, (latencies, statuses) in per_hold.items()
-            for key, value in (("max_s", round(max(latencies), 2)), ("503", statuses.get(503, 0)),
-                               ("2xx", sum(n for s, n in statuses.items() if s < 300)))
+            f"{name}_{key}": value
+            for name, (latencies, statuses) in per_hold.items()
+            for key, value in (
+                ("max_s", round(max(latencies), 2)),
+                ("503", statuses.get(503, 0)),
+                ("2xx", sum(n for s, n in statuses.items() if s < 300)),
+            )
         }
         figures.check(check_answers(history))
         figures.check(check_ledger(state))

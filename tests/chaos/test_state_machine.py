@@ -26,8 +26,10 @@ EXECUTOR = bearer("t1", "exec-1", "ledger:execute")
 RECONCILER = bearer("t1", "rec-1", "ledger:reconcile")
 TERMINAL = ("committed", "not_applied")
 EVIDENCE = {"source": "model", "lookup_ref": None, "checked_at": "2026-11-30T10:00:00Z"}
-EXPIRE = ("UPDATE ledger.operations SET lease_expires_at = clock_timestamp() - interval '1 second' "
-          "WHERE tenant_id = 't1' AND operation_id = %s")
+EXPIRE = (
+    "UPDATE ledger.operations SET lease_expires_at = clock_timestamp() - interval '1 second' "
+    "WHERE tenant_id = 't1' AND operation_id = %s"
+)
 
 ids = st.integers(0, 2)
 tokens = st.sampled_from(["current", "current", "stale"])
@@ -106,8 +108,13 @@ class LedgerMachine(RuleBasedStateMachine):
     def claim(self, i: int, other_binding: bool, nonce: str | None) -> None:
         key, op = self._id(i), self.ops.get(self._id(i))
         version = "2" if other_binding else "1"
-        body = {"tool": "model", "tool_version": version, "intent": {"i": i}, "lease_seconds": 600,
-                "client_nonce": self._nonce(nonce)}
+        body = {
+            "tool": "model",
+            "tool_version": version,
+            "intent": {"i": i},
+            "lease_seconds": 600,
+            "client_nonce": self._nonce(nonce),
+        }
         path = f"/v1/operations/{key}/claim"
         if op is None:
             answer = self._call(path, body, (201, None))
@@ -195,8 +202,12 @@ class LedgerMachine(RuleBasedStateMachine):
         op.receipt = f"x{variant}" if outcome == "committed" else None
         op.reason = f"c{variant}" if outcome == "not_applied" else None
 
-    @rule(i=ids, which=tokens, outcome=st.sampled_from(["committed", "not_applied", "unknown"]),
-          variant=st.integers(1, 2))
+    @rule(
+        i=ids,
+        which=tokens,
+        outcome=st.sampled_from(["committed", "not_applied", "unknown"]),
+        variant=st.integers(1, 2),
+    )
     def complete(self, i: int, which: str, outcome: str, variant: int) -> None:
         report = {"outcome": outcome, **self._report(outcome, variant)}
         op, path, body = self._fenced(i, which, "complete", report)
@@ -216,8 +227,9 @@ class LedgerMachine(RuleBasedStateMachine):
             self._settle(op, outcome, variant)
             self._check_view(self._call(path, body, (200, None)), op)
 
-    @rule(i=ids, outcome=st.sampled_from(["committed", "not_applied", "unresolved"]),
-          variant=st.integers(1, 2))
+    @rule(
+        i=ids, outcome=st.sampled_from(["committed", "not_applied", "unresolved"]), variant=st.integers(1, 2)
+    )
     def resolve(self, i: int, outcome: str, variant: int) -> None:
         key, op = self._id(i), self.ops.get(self._id(i))
         body = {"outcome": outcome, "evidence": EVIDENCE, **self._report(outcome, variant)}
@@ -263,9 +275,14 @@ class LedgerMachine(RuleBasedStateMachine):
 async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest, db_url: str) -> None:
     config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
     machine = type("Machine", (LedgerMachine,), {"db_url": db_url, "steps": 0})
-    runs = settings(max_examples=scale(100, 400), stateful_step_count=scale(40, 60), deadline=None,
-                    database=None, derandomize=not LONG,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    runs = settings(
+        max_examples=scale(100, 400),
+        stateful_step_count=scale(40, 60),
+        deadline=None,
+        database=None,
+        derandomize=not LONG,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     with scenario(request, "state_machine") as figures:
         async with Service(config) as service:
             machine.base_url = service.base_url

@@ -34,8 +34,12 @@ def _principal(tenant: str) -> str:
 
 
 def _claim_body(tenant: str, operation_id: str, intent: Any = None) -> dict[str, Any]:
-    return {"tool": "t", "tool_version": "1", "intent": intent or {"tenant": tenant, "id": operation_id},
-            "lease_seconds": 3600}
+    return {
+        "tool": "t",
+        "tool_version": "1",
+        "intent": intent or {"tenant": tenant, "id": operation_id},
+        "lease_seconds": 3600,
+    }
 
 
 async def _seed(http: httpx.AsyncClient) -> dict[tuple[str, str], str]:
@@ -91,8 +95,9 @@ def foreign_rows(tenant: str, body: Any) -> tuple[int, list[str]]:
             if view["actor"] not in (mine, "effect-ledger"):
                 bad.append(f"event by {view['actor']}")
             continue
-        if view["principal"] != mine or not (view["operation_id"] in SHARED
-                                             or view["operation_id"].startswith(f"{tenant}-only-")):
+        if view["principal"] != mine or not (
+            view["operation_id"] in SHARED or view["operation_id"].startswith(f"{tenant}-only-")
+        ):
             bad.append(f"{view['operation_id']} of {view['principal']}")
     return len(views), bad
 
@@ -107,11 +112,13 @@ async def _database_faults(db_url: str, rng: random.Random, done: asyncio.Event)
             terminate = rng.random() < 0.1
             pids = await owner.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE application_name = 'effect-ledger' "
-                "AND datname = current_database() AND state <> 'idle' AND pid <> pg_backend_pid()")
+                "AND datname = current_database() AND state <> 'idle' AND pid <> pg_backend_pid()"
+            )
             for row in pids:
                 if await owner.fetchval(
-                        "SELECT pg_terminate_backend($1)" if terminate else "SELECT pg_cancel_backend($1)",
-                        row["pid"]):
+                    "SELECT pg_terminate_backend($1)" if terminate else "SELECT pg_cancel_backend($1)",
+                    row["pid"],
+                ):
                     counts["connections_terminated" if terminate else "queries_cancelled"] += 1
     finally:
         await owner.close()
@@ -122,15 +129,21 @@ async def test_tenant_context_never_leaks_through_one_pooled_connection(
     request: pytest.FixtureRequest, db_url: str
 ) -> None:
     history = History()
-    settings = Settings(database_url=db_url, background_sweep=False, pool_size=1, log_level="warning",
-                        pool_acquire_timeout_ms=5000)
+    settings = Settings(
+        database_url=db_url,
+        background_sweep=False,
+        pool_size=1,
+        log_level="warning",
+        pool_acquire_timeout_ms=5000,
+    )
     rng = random.Random(17)
     rows = 0
     cancelled_by_client = 0
     with scenario(request, "tenant_isolation") as figures:
-        async with Service(settings) as service, httpx.AsyncClient(
-            base_url=service.base_url, transport=history.transport(), timeout=30
-        ) as http:
+        async with (
+            Service(settings) as service,
+            httpx.AsyncClient(base_url=service.base_url, transport=history.transport(), timeout=30) as http,
+        ):
             tokens = await _seed(http)
             headers = {t: auth(t, _principal(t), ALL) for t in TENANTS}
             done = asyncio.Event()
@@ -145,8 +158,9 @@ async def test_tenant_context_never_leaks_through_one_pooled_connection(
                     # one request in eight gives up after a few ms: the client disconnects mid-transaction
                     patience = rng.uniform(0.001, 0.02) if rng.random() < 0.125 else 30
                     try:
-                        r = await http.request(method, path, json=body, headers=headers[tenant],
-                                               timeout=patience)
+                        r = await http.request(
+                            method, path, json=body, headers=headers[tenant], timeout=patience
+                        )
                     except httpx.TimeoutException:
                         cancelled_by_client += 1
                         continue
@@ -164,9 +178,13 @@ async def test_tenant_context_never_leaks_through_one_pooled_connection(
             state = await read_state(db_url)
         figures.operations = len(history.calls)
         figures.faults = cancelled_by_client + sum(injected.values())
-        figures.extra = {"requests": REQUESTS, "rows_checked": rows,
-                         "client_cancellations": cancelled_by_client,
-                         **injected, "answers": dict(sorted(history.statuses().items()))}
+        figures.extra = {
+            "requests": REQUESTS,
+            "rows_checked": rows,
+            "client_cancellations": cancelled_by_client,
+            **injected,
+            "answers": dict(sorted(history.statuses().items())),
+        }
         figures.check(check_answers(history))
         figures.check(check_ledger(state))
     figures.assert_clean()

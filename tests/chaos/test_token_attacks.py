@@ -25,10 +25,12 @@ from support.server import Service
 pytestmark = [pytest.mark.chaos, timeout(60, 300)]
 
 SCOPE = "ledger:execute ledger:reconcile ledger:audit diagnostics:write diagnostics:read"
-CALLS = [("GET", "/v1/operations/op-1", None),
-         ("POST", "/v1/operations/op-1/claim", {"tool": "t", "tool_version": "1", "intent": {}}),
-         ("GET", "/v1/operations?limit=5", None),
-         ("POST", "/v1/diagnostics", {"cause": "timeout"})]
+CALLS = [
+    ("GET", "/v1/operations/op-1", None),
+    ("POST", "/v1/operations/op-1/claim", {"tool": "t", "tool_version": "1", "intent": {}}),
+    ("GET", "/v1/operations?limit=5", None),
+    ("POST", "/v1/diagnostics", {"cause": "timeout"}),
+]
 
 
 def _b64(data: bytes) -> str:
@@ -49,8 +51,15 @@ def _hs256_with(key: bytes, claims: dict[str, Any]) -> str:
 
 def _claims(**changes: Any) -> dict[str, Any]:
     now = int(time.time())
-    claims: dict[str, Any] = {"sub": "exec-1", "tenant": "t1", "scope": SCOPE, "iat": now, "exp": now + 600,
-                              "aud": "effect-ledger", "iss": "effect-ledger"}
+    claims: dict[str, Any] = {
+        "sub": "exec-1",
+        "tenant": "t1",
+        "scope": SCOPE,
+        "iat": now,
+        "exp": now + 600,
+        "aud": "effect-ledger",
+        "iss": "effect-ledger",
+    }
     for name, value in changes.items():
         if value is _DROP:
             claims.pop(name)
@@ -123,8 +132,11 @@ async def _attack(http: httpx.AsyncClient, attacks: dict[str, str | None]) -> li
         headers = {} if value is None else {"Authorization": value}
         for method, path, body in CALLS:
             r = await http.request(method, path, json=body, headers=headers)
-            if r.status_code != 401 or r.headers.get("www-authenticate") != "Bearer" \
-                    or r.json().get("code") != "unauthenticated":
+            if (
+                r.status_code != 401
+                or r.headers.get("www-authenticate") != "Bearer"
+                or r.json().get("code") != "unauthenticated"
+            ):
                 found.append(f"{name}: {method} {path} -> {r.status_code} {r.text[:120]}")
     return found
 
@@ -133,27 +145,36 @@ async def test_token_attacks_are_all_refused_with_401(
     request: pytest.FixtureRequest, db_url: str, tmp_path: Path
 ) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     public_file = tmp_path / "public.pem"
     public_file.write_bytes(public_pem)
     history = History()
     hs = Settings(database_url=db_url, background_sweep=False, log_level="warning")
-    rs = Settings(database_url=db_url, background_sweep=False, log_level="warning", jwt_algorithm="RS256",
-                  jwt_public_key_file=str(public_file))
+    rs = Settings(
+        database_url=db_url,
+        background_sweep=False,
+        log_level="warning",
+        jwt_algorithm="RS256",
+        jwt_public_key_file=str(public_file),
+    )
     attacks = hs256_attacks(private_pem)
     confusion = confusion_attacks(public_pem)
     with scenario(request, "token_attacks") as figures:
-        async with Service(hs) as service, httpx.AsyncClient(
-            base_url=service.base_url, transport=history.transport(), timeout=30
-        ) as http:
+        async with (
+            Service(hs) as service,
+            httpx.AsyncClient(base_url=service.base_url, transport=history.transport(), timeout=30) as http,
+        ):
             figures.violations += await _attack(http, attacks)
             control = await http.get("/v1/operations/op-1", headers={"Authorization": f"Bearer {token()}"})
-        async with Service(rs) as service, httpx.AsyncClient(
-            base_url=service.base_url, transport=history.transport(), timeout=30
-        ) as http:
+        async with (
+            Service(rs) as service,
+            httpx.AsyncClient(base_url=service.base_url, transport=history.transport(), timeout=30) as http,
+        ):
             figures.violations += await _attack(http, confusion)
             genuine = "Bearer " + jwt.encode(_claims(), private_pem, algorithm="RS256")
             rs_control = await http.get("/v1/operations/op-1", headers={"Authorization": genuine})

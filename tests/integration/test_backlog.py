@@ -20,8 +20,12 @@ CLAIM = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
 
 async def make(http: httpx.AsyncClient, tenant: str, op: str, outcome: str | None) -> None:
     headers = auth(tenant, "exec-1")
-    token = (await http.post(f"/v1/operations/{op}/claim", json=CLAIM, headers=headers)).json()["claim"]["token"]
-    assert (await http.post(f"/v1/operations/{op}/submit", json={"token": token}, headers=headers)).status_code == 200
+    token = (await http.post(f"/v1/operations/{op}/claim", json=CLAIM, headers=headers)).json()["claim"][
+        "token"
+    ]
+    assert (
+        await http.post(f"/v1/operations/{op}/submit", json={"token": token}, headers=headers)
+    ).status_code == 200
     if outcome is not None:
         body = {"token": token, "outcome": outcome}
         if outcome == "committed":
@@ -45,12 +49,20 @@ async def test_backlog_counts_unknowns_and_purge_lag_across_tenants(settings: Se
         await make(http, "t2", "u-2", None)  # submitted; its lease will have expired: unknown too
         await make(http, "t2", "c-1", "committed")
         await make(http, "t3", "c-2", "committed")
-        await age(db_url, "UPDATE ledger.operations SET updated_at = now() - interval '600 seconds'"
-                          " WHERE operation_id = 'u-1'")
-        await age(db_url, "UPDATE ledger.operations SET lease_expires_at = now() - interval '60 seconds'"
-                          " WHERE operation_id = 'u-2'")
-        await age(db_url, "UPDATE ledger.operations SET updated_at = now() - interval '31 days'"
-                          " WHERE operation_id = 'c-1'")
+        await age(
+            db_url,
+            "UPDATE ledger.operations SET updated_at = now() - interval '600 seconds'"
+            " WHERE operation_id = 'u-1'",
+        )
+        await age(
+            db_url,
+            "UPDATE ledger.operations SET lease_expires_at = now() - interval '60 seconds'"
+            " WHERE operation_id = 'u-2'",
+        )
+        await age(
+            db_url,
+            "UPDATE ledger.operations SET updated_at = now() - interval '31 days' WHERE operation_id = 'c-1'",
+        )
         backlog = await read_backlog(config)
         assert backlog.unknown_waiting == 2
         assert 600 <= backlog.unknown_oldest_seconds < 3600

@@ -52,7 +52,11 @@ def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
     env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": pg_admin_url}
     run = subprocess.run(
         [sys.executable, "-m", "effect_ledger.cli", "bench", "--smoke", "--generator", "python"],
-        env=env, capture_output=True, text=True, timeout=110, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     lines = run.stdout.splitlines()
@@ -78,12 +82,18 @@ async def wrk_cycles_then_replays(service: Service, db_url: str, tmp_path: Path)
     assert cycles.cycles >= 1 and len(cycles.calls["complete"]) == cycles.cycles
     conn = await asyncpg.connect(db_url)
     try:
-        statuses = dict(await conn.fetch(
-            "SELECT status, count(*) FROM ledger.operations WHERE tenant_id = $1 GROUP BY status", TENANT))
-        committed = [r["operation_id"] for r in await conn.fetch(
-            "SELECT operation_id FROM ledger.operations WHERE status = 'committed'")]
+        statuses = dict(
+            await conn.fetch(
+                "SELECT status, count(*) FROM ledger.operations WHERE tenant_id = $1 GROUP BY status", TENANT
+            )
+        )
+        committed = [
+            r["operation_id"]
+            for r in await conn.fetch("SELECT operation_id FROM ledger.operations WHERE status = 'committed'")
+        ]
         events = await conn.fetchval(
-            "SELECT count(*) FROM ledger.events WHERE operation_id = ANY($1)", committed)
+            "SELECT count(*) FROM ledger.events WHERE operation_id = ANY($1)", committed
+        )
     finally:
         await conn.close()
     # wrk stops mid-cycle, so up to one operation per connection may be left pending or submitted

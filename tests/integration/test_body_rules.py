@@ -47,8 +47,10 @@ UNACCEPTABLE = {
 
 
 async def _post(client: httpx.AsyncClient, path: str, content: bytes) -> httpx.Response:
-    headers = {**auth(scope="ledger:execute ledger:reconcile diagnostics:write"),
-               "content-type": "application/json"}
+    headers = {
+        **auth(scope="ledger:execute ledger:reconcile diagnostics:write"),
+        "content-type": "application/json",
+    }
     return await client.post(path, content=content, headers=headers)
 
 
@@ -78,6 +80,7 @@ async def test_heartbeat_lease_seconds_is_optional(client: httpx.AsyncClient) ->
     for body in ({"token": token}, {"token": token, "lease_seconds": None}):
         r = await client.post("/v1/operations/op-hb/heartbeat", json=body, headers=auth())
         assert r.status_code == 200, r.text
-    r = await client.post("/v1/operations/op-hb/heartbeat", json={"token": token, "lease_seconds": 5},
-                          headers=auth())
+    r = await client.post(
+        "/v1/operations/op-hb/heartbeat", json={"token": token, "lease_seconds": 5}, headers=auth()
+    )
     assert r.status_code == 200

@@ -93,11 +93,13 @@ async def test_distributes_each_table_by_tenant_once_parents_first(db_url: str) 
         for _ in range(2):  # a second run distributes nothing more
             await conn.execute(script)
         rows = await conn.fetch(
-            "SELECT logicalrelid::text, colocate_with FROM public.pg_dist_partition ORDER BY ctid")
+            "SELECT logicalrelid::text, colocate_with FROM public.pg_dist_partition ORDER BY ctid"
+        )
         settings = await conn.fetch(
             "SELECT r.rolname, s.setconfig FROM pg_db_role_setting AS s"
             " JOIN pg_roles AS r ON r.oid = s.setrole JOIN pg_database AS d ON d.oid = s.setdatabase"
-            " WHERE d.datname = current_database()")
+            " WHERE d.datname = current_database()"
+        )
         user = await conn.fetchval("SELECT current_user")
     finally:
         await conn.close()

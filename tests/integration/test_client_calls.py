@@ -107,8 +107,12 @@ async def test_executor_calls_are_typed(service: Service) -> None:
         digest = intent_digest({"x": 1})
         na = await ledger.claim("op-na", intent_digest=digest, tool="measure", tool_version="1")
         assert na.claim is not None
-        view = await ledger.complete("op-na", na.claim.token, "not_applied",
-                                     reason=NotAppliedReason(category="rejected", detail_code="quota"))
+        view = await ledger.complete(
+            "op-na",
+            na.claim.token,
+            "not_applied",
+            reason=NotAppliedReason(category="rejected", detail_code="quota"),
+        )
         assert view.not_applied_reason == NotAppliedReason(category="rejected", detail_code="quota")
 
 
@@ -231,8 +235,9 @@ async def test_reconcile_resolves_every_unknown_across_pages(service: Service) -
                 raise LookupError("the effect system is down")
             # Another reconciler settles it first, differently: this pass meets a conflict.
             evidence = Evidence(source="elsewhere", checked_at=_now())
-            await rival.resolve(op.operation_id, "not_applied", evidence,
-                                reason=NotAppliedReason(category="other"))
+            await rival.resolve(
+                op.operation_id, "not_applied", evidence, reason=NotAppliedReason(category="other")
+            )
             return committed(Receipt(external_ref="m-6"))
 
         report = await ledger.reconcile(lookup, source="effect-system", page_size=2)

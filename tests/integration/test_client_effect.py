@@ -110,7 +110,10 @@ async def test_exception_after_submit_leaves_unknown_never_not_applied(service: 
         assert effect.operation.incident is not None
         incident = await ledger.read_incident(effect.operation.incident, purpose="test the executor helper")
         assert (incident.phase, incident.cause, incident.detail_code) == (
-            "tool_execution", "unknown", "ConnectionResetError")
+            "tool_execution",
+            "unknown",
+            "ConnectionResetError",
+        )
         assert incident.operation_id == "op-u" and incident.attempt == 1
         view = await ledger.get_operation("op-u")
         assert view.status == "unknown" and view.not_applied_reason is None
@@ -122,8 +125,9 @@ async def test_exception_after_submit_leaves_unknown_never_not_applied(service: 
         assert kinds == [("claimed", "pending"), ("submitted", "submitted"), ("completed", "unknown")]
 
 
-@pytest.mark.parametrize(("cancel", "cause", "detail"), [(False, "timeout", "TimeoutError"),
-                                                         (True, "aborted", "CancelledError")])
+@pytest.mark.parametrize(
+    ("cancel", "cause", "detail"), [(False, "timeout", "TimeoutError"), (True, "aborted", "CancelledError")]
+)
 async def test_timeout_or_cancellation_after_submit_is_unknown_with_its_cause(
     service: Service, cancel: bool, cause: str, detail: str
 ) -> None:
@@ -269,7 +273,9 @@ async def test_send_at_once_claims_and_submits_in_one_call(service: Service) -> 
         assert transport.calls == Counter({"claim": 1, "complete": 1})
         events = await ledger.events("op-once")
         assert [(e.kind, e.to_status) for e in events] == [
-            ("claimed", "pending"), ("submitted", "submitted"), ("completed", "committed")
+            ("claimed", "pending"),
+            ("submitted", "submitted"),
+            ("completed", "committed"),
         ]
         with pytest.raises(RuntimeError, match="lost"):
             async with ledger.effect("op-once-2", **TOOL, send_at_once=True, effect_ref="req-10"):

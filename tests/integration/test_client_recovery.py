@@ -15,16 +15,26 @@ from support.auth import auth, token
 from support.server import Service
 
 BASE: dict[str, Any] = {
-    "attempts": 1, "maximum_attempts": 3, "minimum_attempt_ms": 100, "base_delay_ms": 100,
-    "maximum_delay_ms": 1000, "now_ms": 0, "deadline_ms": 10_000, "jitter": 0.5,
-    "cause": "transient", "output_visible": False, "effects": "none",
+    "attempts": 1,
+    "maximum_attempts": 3,
+    "minimum_attempt_ms": 100,
+    "base_delay_ms": 100,
+    "maximum_delay_ms": 1000,
+    "now_ms": 0,
+    "deadline_ms": 10_000,
+    "jitter": 0.5,
+    "cause": "transient",
+    "output_visible": False,
+    "effects": "none",
 }
 
 VECTORS: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({}, {"action": "retry", "delay_ms": 50}),
     # Unknown effects come before everything, even a refusal, visible output or a spent budget.
-    ({"effects": "unknown", "cause": "refused", "output_visible": True, "attempts": 3},
-     {"action": "reconcile"}),
+    (
+        {"effects": "unknown", "cause": "refused", "output_visible": True, "attempts": 3},
+        {"action": "reconcile"},
+    ),
     ({"cause": "refused"}, {"action": "stop", "reason": "cause"}),
     ({"cause": "cancelled", "output_visible": True}, {"action": "stop", "reason": "cause"}),
     ({"output_visible": True, "effects": "committed"}, {"action": "stop", "reason": "visible"}),
@@ -40,9 +50,17 @@ VECTORS: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"retry_after_ms": 600, "now_ms": 9300}, {"action": "retry", "delay_ms": 600}),
     ({"retry_after_ms": 600, "now_ms": 9301}, {"action": "stop", "reason": "budget"}),
     ({"now_ms": 10_000, "deadline_ms": 10_000}, {"action": "stop", "reason": "budget"}),
-    ({"attempts": 40, "maximum_attempts": MAX_SAFE_INTEGER, "base_delay_ms": MAX_SAFE_INTEGER,
-      "maximum_delay_ms": MAX_SAFE_INTEGER, "deadline_ms": MAX_SAFE_INTEGER, "jitter": 0},
-     {"action": "retry", "delay_ms": 0}),
+    (
+        {
+            "attempts": 40,
+            "maximum_attempts": MAX_SAFE_INTEGER,
+            "base_delay_ms": MAX_SAFE_INTEGER,
+            "maximum_delay_ms": MAX_SAFE_INTEGER,
+            "deadline_ms": MAX_SAFE_INTEGER,
+            "jitter": 0,
+        },
+        {"action": "retry", "delay_ms": 0},
+    ),
 ]
 
 
@@ -58,10 +76,14 @@ async def test_server_agrees_with_the_domain_on_random_inputs(client: httpx.Asyn
     for _ in range(60):
         body = {
             **BASE,
-            "attempts": rng.randint(1, 8), "maximum_attempts": rng.randint(1, 8),
-            "minimum_attempt_ms": rng.randint(1, 500), "base_delay_ms": rng.randint(1, 400),
-            "maximum_delay_ms": rng.randint(1, 3000), "now_ms": rng.randint(0, 5000),
-            "deadline_ms": rng.randint(0, 8000), "jitter": rng.random(),
+            "attempts": rng.randint(1, 8),
+            "maximum_attempts": rng.randint(1, 8),
+            "minimum_attempt_ms": rng.randint(1, 500),
+            "base_delay_ms": rng.randint(1, 400),
+            "maximum_delay_ms": rng.randint(1, 3000),
+            "now_ms": rng.randint(0, 5000),
+            "deadline_ms": rng.randint(0, 8000),
+            "jitter": rng.random(),
             "retry_after_ms": rng.choice([None, rng.randint(0, 4000)]),
             "cause": rng.choice(["transient", "transient", "refused", "invalid"]),
             "output_visible": rng.random() < 0.2,

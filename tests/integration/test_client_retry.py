@@ -23,11 +23,23 @@ from effect_ledger.client import (
 from effect_ledger.client.errors import CLASSES, parse_retry_after
 
 VIEW = {
-    "operation_id": "op-1", "principal": "exec-1", "tool": "measure", "tool_version": "1",
-    "intent_digest": "sha256:" + "0" * 64, "status": "pending", "attempt": 1,
-    "lease_expires_at": "2026-11-30T10:00:30.000Z", "lease_expired": False, "effect_ref": None,
-    "receipt": None, "not_applied_reason": None, "created_at": "2026-11-30T10:00:00.000Z",
-    "updated_at": "2026-11-30T10:00:00.000Z", "submitted_at": None, "resolved_at": None, "resolved_by": None,
+    "operation_id": "op-1",
+    "principal": "exec-1",
+    "tool": "measure",
+    "tool_version": "1",
+    "intent_digest": "sha256:" + "0" * 64,
+    "status": "pending",
+    "attempt": 1,
+    "lease_expires_at": "2026-11-30T10:00:30.000Z",
+    "lease_expired": False,
+    "effect_ref": None,
+    "receipt": None,
+    "not_applied_reason": None,
+    "created_at": "2026-11-30T10:00:00.000Z",
+    "updated_at": "2026-11-30T10:00:00.000Z",
+    "submitted_at": None,
+    "resolved_at": None,
+    "resolved_by": None,
 }
 
 
@@ -35,8 +47,14 @@ def problem(status: int, code: str, retry_after: str | None = None, **members: o
     headers = {"Content-Type": "application/problem+json"}
     if retry_after is not None:
         headers["Retry-After"] = retry_after
-    body = {"type": f"urn:effect-ledger:problem:{code}", "title": code, "status": status, "code": code,
-            "detail": "scripted", **members}
+    body = {
+        "type": f"urn:effect-ledger:problem:{code}",
+        "title": code,
+        "status": status,
+        "code": code,
+        "detail": "scripted",
+        **members,
+    }
     return httpx.Response(status, json=body, headers=headers)
 
 
@@ -54,8 +72,9 @@ class Script:
 
 
 def ledger(script: Script, **policy: float) -> LedgerClient:
-    return LedgerClient("http://ledger.test", "tok", transport=httpx.MockTransport(script),
-                        retry=RetryPolicy(**policy))  # type: ignore[arg-type]
+    return LedgerClient(
+        "http://ledger.test", "tok", transport=httpx.MockTransport(script), retry=RetryPolicy(**policy)
+    )  # type: ignore[arg-type]
 
 
 async def test_retry_after_is_honoured_then_the_answer_returned() -> None:
@@ -90,8 +109,14 @@ async def test_a_wait_that_does_not_fit_the_deadline_is_not_started() -> None:
 async def test_one_deadline_bounds_the_whole_call() -> None:
     script = Script(problem(503, "unavailable", "0"))
     started = time.monotonic()
-    async with ledger(script, deadline_seconds=1.0, maximum_attempts=1000, base_delay_ms=50,
-                      maximum_delay_ms=100, minimum_attempt_ms=50) as client:
+    async with ledger(
+        script,
+        deadline_seconds=1.0,
+        maximum_attempts=1000,
+        base_delay_ms=50,
+        maximum_delay_ms=100,
+        minimum_attempt_ms=50,
+    ) as client:
         with pytest.raises(Unavailable) as failed:
             await client.get_operation("op-1")
     elapsed = time.monotonic() - started
@@ -114,9 +139,17 @@ async def test_429_is_retried() -> None:
     assert len(script.times) == 2
 
 
-@pytest.mark.parametrize(("status", "code"), [(400, "malformed_request"), (401, "unauthenticated"),
-                                              (404, "not_found"), (409, "operation_in_progress"),
-                                              (422, "validation_failed"), (500, "internal")])
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, "malformed_request"),
+        (401, "unauthenticated"),
+        (404, "not_found"),
+        (409, "operation_in_progress"),
+        (422, "validation_failed"),
+        (500, "internal"),
+    ],
+)
 async def test_other_errors_are_never_retried(status: int, code: str) -> None:
     script = Script(problem(status, code, "0"), httpx.Response(200, json=VIEW))
     async with ledger(script, base_delay_ms=1) as client:

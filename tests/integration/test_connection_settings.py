@@ -17,8 +17,12 @@ SHOW = (
 
 async def test_every_connection_of_both_pools_has_the_timeouts(settings: Settings) -> None:
     configured = replace(
-        settings, statement_timeout_ms=4321, lock_timeout_ms=1234, idle_in_transaction_timeout_ms=5678,
-        pool_size=4, reader_pool_size=2,
+        settings,
+        statement_timeout_ms=4321,
+        lock_timeout_ms=1234,
+        idle_in_transaction_timeout_ms=5678,
+        pool_size=4,
+        reader_pool_size=2,
     )
     pools = await Pools.open(configured)
     try:

@@ -22,9 +22,16 @@ NOT_ALLOWED = "is not one of the allowed values"
 REPEATED = "repeats a header name (names are case-insensitive)"
 PURPOSE = {"purpose": "ticket OPS-1234: timeouts from provider"}
 FULL = {
-    "operation_id": "op-7", "attempt": 2, "phase": "first_byte", "cause": "rate_limited", "http_status": 429,
-    "provider": "example-llm", "provider_request_id": "req_011CSHoEeqs5C35K2UUqR7Fy", "retryable_hint": True,
-    "elapsed_ms": 1234, "detail_code": "upstream_429",
+    "operation_id": "op-7",
+    "attempt": 2,
+    "phase": "first_byte",
+    "cause": "rate_limited",
+    "http_status": 429,
+    "provider": "example-llm",
+    "provider_request_id": "req_011CSHoEeqs5C35K2UUqR7Fy",
+    "retryable_hint": True,
+    "elapsed_ms": 1234,
+    "detail_code": "upstream_429",
     "headers": {"Retry-After": "30", "X-RateLimit-Remaining-Tokens": "0", "x-request-id": "abc-123"},
 }
 
@@ -49,18 +56,29 @@ SENSITIVE: list[Any] = [
     pytest.param({"provider_request_id": "sk" + "-proj-" + MIXED}, "provider_request_id", id="openai"),
     pytest.param({"detail_code": "sk" + "-ant-api03-" + MIXED}, "detail_code", id="anthropic"),
     pytest.param({"provider": "AI" + "za" + "SyA-1234567890abcdefghijklmnopqrstu"}, "provider", id="google"),
-    pytest.param({"headers": {"request-id": "xo" + "xb-1234567890-" + MIXED[:20]}}, 'headers["request-id"]',
-                 id="slack"),
-    pytest.param({"provider_request_id": "Qcb0Orv1zh30vL1MPRsbm-diHiMwcLyZvn1arpZv"}, "provider_request_id",
-                 id="random-base64url"),
+    pytest.param(
+        {"headers": {"request-id": "xo" + "xb-1234567890-" + MIXED[:20]}}, 'headers["request-id"]', id="slack"
+    ),
+    pytest.param(
+        {"provider_request_id": "Qcb0Orv1zh30vL1MPRsbm-diHiMwcLyZvn1arpZv"},
+        "provider_request_id",
+        id="random-base64url",
+    ),
     pytest.param({"detail_code": "password=" + "hunter22"}, "detail_code", id="password-assignment"),
     pytest.param({"provider": "https://svc:" + "hunter22@db.example.com/x"}, "provider", id="url-password"),
-    pytest.param({"provider_request_id": "clt_" + base64.urlsafe_b64encode(bytes(range(32))).decode()[:43]},
-                 "provider_request_id", id="claim-token"),
-    pytest.param({"headers": {"x-ratelimit-reset": "Basic " + base64.b64encode(b"u:pw").decode()}},
-                 'headers["x-ratelimit-reset"]', id="basic"),
-    pytest.param({"cause": "auth", "detail_code": "api_key: " + "a1b2c3d4e5"}, "detail_code",
-                 id="api-key-assign"),
+    pytest.param(
+        {"provider_request_id": "clt_" + base64.urlsafe_b64encode(bytes(range(32))).decode()[:43]},
+        "provider_request_id",
+        id="claim-token",
+    ),
+    pytest.param(
+        {"headers": {"x-ratelimit-reset": "Basic " + base64.b64encode(b"u:pw").decode()}},
+        'headers["x-ratelimit-reset"]',
+        id="basic",
+    ),
+    pytest.param(
+        {"cause": "auth", "detail_code": "api_key: " + "a1b2c3d4e5"}, "detail_code", id="api-key-assign"
+    ),
 ]
 
 ORDINARY: list[Any] = [
@@ -89,8 +107,9 @@ async def report(client: httpx.AsyncClient, body: Any, **who: str) -> httpx.Resp
 
 
 async def read(client: httpx.AsyncClient, incident: str, params: Any = None, **who: str) -> httpx.Response:
-    return await client.get(f"/v1/diagnostics/{incident}", params=PURPOSE if params is None else params,
-                            headers=auth(**who))
+    return await client.get(
+        f"/v1/diagnostics/{incident}", params=PURPOSE if params is None else params, headers=auth(**who)
+    )
 
 
 async def owner_count(db_url: str, query: str) -> int:
@@ -153,12 +172,23 @@ async def test_a_report_reads_back_whole_and_the_read_is_logged(
     record = got.json()
     assert record.pop("created_at").endswith("Z")
     assert record == {
-        "incident": incident, "source": "report", "principal": "executor-9", "operation_id": "op-7",
-        "attempt": 2, "phase": "first_byte", "cause": "rate_limited", "http_status": 429,
-        "provider": "example-llm", "provider_request_id": "req_011CSHoEeqs5C35K2UUqR7Fy",
-        "retryable_hint": True, "elapsed_ms": 1234, "detail_code": "upstream_429",
+        "incident": incident,
+        "source": "report",
+        "principal": "executor-9",
+        "operation_id": "op-7",
+        "attempt": 2,
+        "phase": "first_byte",
+        "cause": "rate_limited",
+        "http_status": 429,
+        "provider": "example-llm",
+        "provider_request_id": "req_011CSHoEeqs5C35K2UUqR7Fy",
+        "retryable_hint": True,
+        "elapsed_ms": 1234,
+        "detail_code": "upstream_429",
         "headers": {"retry-after": "30", "x-ratelimit-remaining-tokens": "0", "x-request-id": "abc-123"},
-        "route": None, "method": None, "exception_type": None,
+        "route": None,
+        "method": None,
+        "exception_type": None,
     }
     conn = await asyncpg.connect(db_url)
     try:
@@ -168,29 +198,59 @@ async def test_a_report_reads_back_whole_and_the_read_is_logged(
     assert len(rows) == 1
     row = rows[0]
     assert (row["tenant_id"], row["incident_id"], row["principal"], row["purpose"]) == (
-        "t1", incident, "operator-1", PURPOSE["purpose"])
+        "t1",
+        incident,
+        "operator-1",
+        PURPOSE["purpose"],
+    )
     assert row["access_id"].startswith("acc_")
 
 
 @pytest.mark.parametrize(
     ("body", "errors"),
     [
-        pytest.param({"phase": "request", "message": "x"}, [{"field": "message", "problem": "unknown field"}],
-                     id="unknown-field"),
+        pytest.param(
+            {"phase": "request", "message": "x"},
+            [{"field": "message", "problem": "unknown field"}],
+            id="unknown-field",
+        ),
         pytest.param({"phase": "teleport"}, [{"field": "phase", "problem": NOT_ALLOWED}], id="phase-enum"),
         pytest.param({"cause": "bad_luck"}, [{"field": "cause", "problem": NOT_ALLOWED}], id="cause-enum"),
-        pytest.param({"headers": {"retry-after": "1", "Authorization": "x"}},
-                     [{"field": "headers[1]", "problem": "name is not one of retry-after, request-id, "
-                                                         "x-request-id, x-ratelimit-*"}], id="header-name"),
-        pytest.param({"headers": {"Cookie": "a=b"}},
-                     [{"field": "headers[0]", "problem": "name is not one of retry-after, request-id, "
-                                                         "x-request-id, x-ratelimit-*"}], id="cookie-header"),
-        pytest.param({"headers": {"x-ratelimit-": "1"}},
-                     [{"field": "headers[0]", "problem": "name is not one of retry-after, request-id, "
-                                                         "x-request-id, x-ratelimit-*"}], id="bare-prefix"),
-        pytest.param({"headers": {"Retry-After": "1", "retry-after": "2"}},
-                     [{"field": "headers[1]", "problem": REPEATED}],
-                     id="duplicate-header"),
+        pytest.param(
+            {"headers": {"retry-after": "1", "Authorization": "x"}},
+            [
+                {
+                    "field": "headers[1]",
+                    "problem": "name is not one of retry-after, request-id, x-request-id, x-ratelimit-*",
+                }
+            ],
+            id="header-name",
+        ),
+        pytest.param(
+            {"headers": {"Cookie": "a=b"}},
+            [
+                {
+                    "field": "headers[0]",
+                    "problem": "name is not one of retry-after, request-id, x-request-id, x-ratelimit-*",
+                }
+            ],
+            id="cookie-header",
+        ),
+        pytest.param(
+            {"headers": {"x-ratelimit-": "1"}},
+            [
+                {
+                    "field": "headers[0]",
+                    "problem": "name is not one of retry-after, request-id, x-request-id, x-ratelimit-*",
+                }
+            ],
+            id="bare-prefix",
+        ),
+        pytest.param(
+            {"headers": {"Retry-After": "1", "retry-after": "2"}},
+            [{"field": "headers[1]", "problem": REPEATED}],
+            id="duplicate-header",
+        ),
         pytest.param({}, [{"field": "body", "problem": "report at least one diagnostics field"}], id="empty"),
         pytest.param({"http_status": 99}, None, id="status-range"),
         pytest.param({"attempt": 0}, None, id="attempt-range"),
@@ -286,4 +346,5 @@ async def test_the_served_access_log_is_the_auditors_list(client: httpx.AsyncCli
     assert listed.status_code == 200
     items = listed.json()["items"]
     assert [(i["incident"], i["principal"], i["purpose"]) for i in items] == [
-        (incident, "operator-1", PURPOSE["purpose"])]
+        (incident, "operator-1", PURPOSE["purpose"])
+    ]

@@ -107,8 +107,11 @@ async def test_privilege_matrix_is_exactly_the_contract(owner: asyncpg.Connectio
         for table in TABLES:
             for privilege in PRIVILEGES:
                 # has_any_column_privilege also catches a column-level grant of SELECT/INSERT/UPDATE.
-                check = "has_any_column_privilege" if privilege in ("SELECT", "INSERT", "UPDATE") \
+                check = (
+                    "has_any_column_privilege"
+                    if privilege in ("SELECT", "INSERT", "UPDATE")
                     else "has_table_privilege"
+                )
                 if await owner.fetchval(f"SELECT {check}($1, $2, $3)", role, table, privilege):
                     granted[role].add((table, privilege))
     # The runtime role's ledger grants belong to the ledger's tests; here, its diagnostics grants.

@@ -44,7 +44,9 @@ async def test_purge_removes_only_expired_diagnostics(settings: Settings) -> Non
         purged = await diagnostics.purge_diagnostics(conn, settings)
         assert (purged.incidents, purged.access_log) == (2, 2)
         assert await remaining(conn) == (
-            ["inc_t1_new_0123456789ab", "inc_t2_new_0123456789ab"], ["acc_t1_new", "acc_t2_new"])
+            ["inc_t1_new_0123456789ab", "inc_t2_new_0123456789ab"],
+            ["acc_t1_new", "acc_t2_new"],
+        )
         # A shorter configured retention takes the rest; running again finds nothing more.
         shorter = replace(settings, diagnostics_retention_days=7, access_log_retention_days=30)
         assert await diagnostics.purge_diagnostics(conn, shorter) == diagnostics.DiagnosticsPurge(2, 2)

@@ -21,8 +21,13 @@ pytestmark = pytest.mark.storage  # the Citus lane of .ci/run runs it again on a
 
 WRITE = "diagnostics:write"
 REPORT_ID = "rep-2026-11-30-000001"
-BODY = {"phase": "first_byte", "cause": "timeout", "elapsed_ms": 30000, "headers": {"Retry-After": "3"},
-        "report_id": REPORT_ID}
+BODY = {
+    "phase": "first_byte",
+    "cause": "timeout",
+    "elapsed_ms": 30000,
+    "headers": {"Retry-After": "3"},
+    "report_id": REPORT_ID,
+}
 
 
 async def report(client: httpx.AsyncClient, body: dict[str, Any], **who: str) -> httpx.Response:
@@ -32,8 +37,10 @@ async def report(client: httpx.AsyncClient, body: dict[str, Any], **who: str) ->
 async def stored(db_url: str) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(db_url)
     try:
-        return await conn.fetch("SELECT tenant_id, principal, incident_id, report_key FROM diagnostics.incidents"
-                                " ORDER BY created_at")
+        return await conn.fetch(
+            "SELECT tenant_id, principal, incident_id, report_key FROM diagnostics.incidents"
+            " ORDER BY created_at"
+        )
     finally:
         await conn.close()
 
@@ -53,8 +60,9 @@ async def test_a_repeat_answers_the_first_incident_and_stores_nothing(
     assert bytes(rows[0]["report_key"]) == hashlib.sha256(REPORT_ID.encode()).digest()
 
 
-@pytest.mark.parametrize("change", [{"cause": "upstream"}, {"elapsed_ms": 30001}, {"headers": None},
-                                    {"provider": "example-llm"}])
+@pytest.mark.parametrize(
+    "change", [{"cause": "upstream"}, {"elapsed_ms": 30001}, {"headers": None}, {"provider": "example-llm"}]
+)
 async def test_different_fields_under_the_same_id_are_409(
     client: httpx.AsyncClient, db_url: str, change: dict[str, Any]
 ) -> None:
@@ -67,8 +75,10 @@ async def test_different_fields_under_the_same_id_are_409(
 
 
 async def test_the_id_is_scoped_to_the_principal_and_tenant(client: httpx.AsyncClient, db_url: str) -> None:
-    answers = [await report(client, BODY, **who) for who in
-               ({"sub": "exec-1"}, {"sub": "exec-2"}, {"tenant": "t2", "sub": "exec-1"})]
+    answers = [
+        await report(client, BODY, **who)
+        for who in ({"sub": "exec-1"}, {"sub": "exec-2"}, {"tenant": "t2", "sub": "exec-1"})
+    ]
     assert [a.status_code for a in answers] == [201, 201, 201]
     assert len({a.json()["incident"] for a in answers}) == 3
     assert len(await stored(db_url)) == 3
@@ -122,19 +132,25 @@ async def test_the_store_function_reveals_only_a_reference_within_the_tenant(
 ) -> None:
     first = (await report(client, BODY)).json()["incident"]
     key = hashlib.sha256(REPORT_ID.encode()).digest()
-    call = ("SELECT * FROM diagnostics.store_report('inc_' || $1, 'exec-1', $2, $3,"
-            " NULL, NULL, NULL, 'timeout', NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+    call = (
+        "SELECT * FROM diagnostics.store_report('inc_' || $1, 'exec-1', $2, $3,"
+        " NULL, NULL, NULL, 'timeout', NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+    )
     conn = await runtime_connection(db_url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT set_config('effect_ledger.tenant', 't1', true),"
-                               " set_config('effect_ledger.maintenance', 'on', true)")
+            await conn.execute(
+                "SELECT set_config('effect_ledger.tenant', 't1', true),"
+                " set_config('effect_ledger.maintenance', 'on', true)"
+            )
             rows = await conn.fetch(call, "a" * 20, key, b"\0" * 32)
             assert [tuple(r) for r in rows] == [(first, False, False)]
         # in another tenant the same key is a new report of that tenant, maintenance scope or not
         async with conn.transaction():
-            await conn.execute("SELECT set_config('effect_ledger.tenant', 't2', true),"
-                               " set_config('effect_ledger.maintenance', 'on', true)")
+            await conn.execute(
+                "SELECT set_config('effect_ledger.tenant', 't2', true),"
+                " set_config('effect_ledger.maintenance', 'on', true)"
+            )
             rows = await conn.fetch(call, "b" * 20, key, b"\0" * 32)
             assert [tuple(r) for r in rows] == [("inc_" + "b" * 20, True, True)]
         # and the table itself stays unreadable

@@ -12,7 +12,9 @@ from support.ledger import CLAIM, RECEIPT, call, claim, count_events, get, pendi
 EXEC_ONLY = "ledger:execute"
 
 
-async def _missing(client: httpx.AsyncClient, path: str, body: dict[str, object] | None, sub: str) -> httpx.Response:
+async def _missing(
+    client: httpx.AsyncClient, path: str, body: dict[str, object] | None, sub: str
+) -> httpx.Response:
     headers = auth(sub=sub, scope=EXEC_ONLY)
     if body is None:
         return await client.get(path, headers=headers)
@@ -35,17 +37,28 @@ async def test_another_principals_operation_reads_as_missing(client: httpx.Async
         theirs = await _missing(client, f"/v1/operations/own-op{suffix}", body, "exec-2")
         absent = await _missing(client, f"/v1/operations/no-such-op{suffix}", body, "exec-2")
         assert theirs.status_code == 404, (suffix, theirs.text)
-        assert theirs.content == absent.content and theirs.headers["content-type"] == absent.headers[
-            "content-type"]
+        assert (
+            theirs.content == absent.content
+            and theirs.headers["content-type"] == absent.headers["content-type"]
+        )
     assert await count_events(db_url) == before  # nothing was recorded by the refused calls
     # the owner, a reconciler, an auditor and an executor that also audits all read it
-    for sub, scope in (("exec-1", EXEC_ONLY), ("rec-1", "ledger:reconcile"), ("aud-1", "ledger:audit"),
-                       ("exec-2", "ledger:execute ledger:audit")):
+    for sub, scope in (
+        ("exec-1", EXEC_ONLY),
+        ("rec-1", "ledger:reconcile"),
+        ("aud-1", "ledger:audit"),
+        ("exec-2", "ledger:execute ledger:audit"),
+    ):
         r = await get(client, "/v1/operations/own-op", sub=sub, scope=scope)
         assert r.status_code == 200 and r.json()["principal"] == "exec-1", (sub, scope)
     # and the owner's token still works after all of that
-    r = await call(client, "own-op", "complete", {"token": token, "outcome": "committed", "receipt": RECEIPT},
-                   scope=EXEC_ONLY)
+    r = await call(
+        client,
+        "own-op",
+        "complete",
+        {"token": token, "outcome": "committed", "receipt": RECEIPT},
+        scope=EXEC_ONLY,
+    )
     assert r.status_code == 200 and r.json()["status"] == "committed"
 
 

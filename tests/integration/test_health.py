@@ -87,8 +87,10 @@ async def test_livez_answers_through_a_database_outage_and_readyz_follows_it(
     settings: Settings, outage: Outage
 ) -> None:
     proxied = replace(
-        settings, runtime_database_url=outage.role_url(RUNTIME_ROLE),
-        reader_database_url=outage.role_url(READER_ROLE), pool_acquire_timeout_ms=500,
+        settings,
+        runtime_database_url=outage.role_url(RUNTIME_ROLE),
+        reader_database_url=outage.role_url(READER_ROLE),
+        pool_acquire_timeout_ms=500,
     )
     async with Service(proxied) as service, service.client() as http:
         assert (await http.get("/livez")).json() == {"status": "ok"}
@@ -117,7 +119,9 @@ async def test_readyz_is_503_until_migrations_reach_head(client: httpx.AsyncClie
         behind = await client.get("/readyz")
         assert behind.status_code == 503
         assert behind.json() == {
-            "status": "unavailable", "checks": {"database": "ok", "migrations": "behind"}}
+            "status": "unavailable",
+            "checks": {"database": "ok", "migrations": "behind"},
+        }
         await owner.execute("UPDATE alembic_version SET version_num = $1", head)
         assert (await client.get("/readyz")).status_code == 200
     finally:

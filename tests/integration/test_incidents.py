@@ -19,8 +19,13 @@ from support.waiting import until
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 PURPOSE = {"purpose": "incident review"}
 PROBLEM_MEMBERS = {"type", "title", "status", "code", "detail", "incident"}
-DIAGNOSTICS = {"phase": "first_byte", "cause": "timeout", "elapsed_ms": 30000, "provider": "example-llm",
-               "headers": {"X-Request-Id": "abc-123"}}
+DIAGNOSTICS = {
+    "phase": "first_byte",
+    "cause": "timeout",
+    "elapsed_ms": 30000,
+    "provider": "example-llm",
+    "headers": {"X-Request-Id": "abc-123"},
+}
 
 
 async def owner_query(db_url: str, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -77,11 +82,30 @@ async def test_unknown_with_diagnostics_stores_an_incident_in_the_same_transacti
     assert [e["kind"] for e in events] == ["claimed", "submitted", "completed"]
     assert json.loads(events[-1]["data"])["incident"] == incident
     record = (await read_incident(client, incident)).json()
-    assert {k: record[k] for k in ("source", "principal", "operation_id", "attempt", "phase", "cause",
-                                   "elapsed_ms", "provider", "headers")} == {
-        "source": "outcome", "principal": "exec-1", "operation_id": "op-1", "attempt": 1,
-        "phase": "first_byte", "cause": "timeout", "elapsed_ms": 30000, "provider": "example-llm",
-        "headers": {"x-request-id": "abc-123"}}
+    assert {
+        k: record[k]
+        for k in (
+            "source",
+            "principal",
+            "operation_id",
+            "attempt",
+            "phase",
+            "cause",
+            "elapsed_ms",
+            "provider",
+            "headers",
+        )
+    } == {
+        "source": "outcome",
+        "principal": "exec-1",
+        "operation_id": "op-1",
+        "attempt": 1,
+        "phase": "first_byte",
+        "cause": "timeout",
+        "elapsed_ms": 30000,
+        "provider": "example-llm",
+        "headers": {"x-request-id": "abc-123"},
+    }
     # A repeat changes nothing and answers the same, incident included.
     again = await complete(client, body)
     assert again.status_code == 200 and again.json() == r.json()
@@ -98,17 +122,37 @@ async def test_unknown_without_diagnostics_has_no_incident(client: httpx.AsyncCl
 @pytest.mark.parametrize(
     ("extra", "code", "field"),
     [
-        pytest.param({"diagnostics": {**DIAGNOSTICS, "provider_request_id": "Bearer " + "abcdef123456"}},
-                     "sensitive_value_rejected", "diagnostics.provider_request_id", id="credential"),
-        pytest.param({"diagnostics": {**DIAGNOSTICS, "body": "x"}}, "validation_failed", "diagnostics.body",
-                     id="unknown-field"),
-        pytest.param({"diagnostics": {"headers": {"Authorization": "x"}}}, "validation_failed",
-                     "diagnostics.headers[0]", id="header-name"),
+        pytest.param(
+            {"diagnostics": {**DIAGNOSTICS, "provider_request_id": "Bearer " + "abcdef123456"}},
+            "sensitive_value_rejected",
+            "diagnostics.provider_request_id",
+            id="credential",
+        ),
+        pytest.param(
+            {"diagnostics": {**DIAGNOSTICS, "body": "x"}},
+            "validation_failed",
+            "diagnostics.body",
+            id="unknown-field",
+        ),
+        pytest.param(
+            {"diagnostics": {"headers": {"Authorization": "x"}}},
+            "validation_failed",
+            "diagnostics.headers[0]",
+            id="header-name",
+        ),
         pytest.param({"diagnostics": {"phase": "warp"}}, "validation_failed", "diagnostics.phase", id="enum"),
-        pytest.param({"diagnostics": {**DIAGNOSTICS, "operation_id": "op-2"}}, "validation_failed",
-                     "diagnostics.operation_id", id="other-operation"),
-        pytest.param({"diagnostics": {**DIAGNOSTICS, "attempt": 2}}, "validation_failed",
-                     "diagnostics.attempt", id="other-attempt"),
+        pytest.param(
+            {"diagnostics": {**DIAGNOSTICS, "operation_id": "op-2"}},
+            "validation_failed",
+            "diagnostics.operation_id",
+            id="other-operation",
+        ),
+        pytest.param(
+            {"diagnostics": {**DIAGNOSTICS, "attempt": 2}},
+            "validation_failed",
+            "diagnostics.attempt",
+            id="other-attempt",
+        ),
         pytest.param({"diagnostics": {}}, "validation_failed", "diagnostics", id="empty"),
     ],
 )
@@ -127,12 +171,17 @@ async def test_refused_diagnostics_leave_the_operation_untouched(
 
 async def test_diagnostics_ride_only_on_unknown(client: httpx.AsyncClient, db_url: str) -> None:
     token = await submitted(client)
-    body = {"token": token, "outcome": "committed", "receipt": {"external_ref": "r-1"},
-            "diagnostics": DIAGNOSTICS}
+    body = {
+        "token": token,
+        "outcome": "committed",
+        "receipt": {"external_ref": "r-1"},
+        "diagnostics": DIAGNOSTICS,
+    }
     r = await complete(client, body)
     assert r.status_code == 422
     assert r.json()["errors"] == [
-        {"field": "diagnostics", "problem": "only an unknown outcome carries diagnostics"}]
+        {"field": "diagnostics", "problem": "only an unknown outcome carries diagnostics"}
+    ]
     assert await incident_count(db_url) == 0
 
 
@@ -161,11 +210,28 @@ async def test_a_500_answers_only_a_reference_and_the_incident_holds_the_details
     got = await read_incident(client, problem["incident"], wait=10)
     assert got.status_code == 200
     record = got.json()
-    assert {k: record[k] for k in ("source", "principal", "operation_id", "exception_type", "route", "method",
-                                   "phase", "http_status")} == {
-        "source": "error", "principal": "exec-1", "operation_id": "op-1",
-        "exception_type": "InsufficientPrivilegeError", "route": "/v1/operations/{operation_id}",
-        "method": "GET", "phase": "handler", "http_status": 500}
+    assert {
+        k: record[k]
+        for k in (
+            "source",
+            "principal",
+            "operation_id",
+            "exception_type",
+            "route",
+            "method",
+            "phase",
+            "http_status",
+        )
+    } == {
+        "source": "error",
+        "principal": "exec-1",
+        "operation_id": "op-1",
+        "exception_type": "InsufficientPrivilegeError",
+        "route": "/v1/operations/{operation_id}",
+        "method": "GET",
+        "phase": "handler",
+        "http_status": 500,
+    }
     # Nothing of the driver's message ("permission denied for table operations") was kept.
     assert "permission" not in got.text
     assert "operations" not in json.dumps(record).replace("/v1/operations", "")
@@ -212,10 +278,19 @@ async def test_a_503_reference_resolves_once_the_database_is_back(
     record = got.json()
     assert record["source"] == "error" and record["http_status"] == 503
     assert (record["route"], record["method"], record["phase"], record["operation_id"]) == (
-        "/v1/operations/{operation_id}", "GET", "read", "op-1")
-    assert record["exception_type"] in ("TooManyConnectionsError", "ConnectionDoesNotExistError",
-                                        "AdminShutdownError", "InterfaceError", "ConnectionResetError",
-                                        "InternalClientError")  # a pooled connection cut while idle
+        "/v1/operations/{operation_id}",
+        "GET",
+        "read",
+        "op-1",
+    )
+    assert record["exception_type"] in (
+        "TooManyConnectionsError",
+        "ConnectionDoesNotExistError",
+        "AdminShutdownError",
+        "InterfaceError",
+        "ConnectionResetError",
+        "InternalClientError",
+    )  # a pooled connection cut while idle
     assert recorder_of(service).spool == type(recorder_of(service).spool)()
 
 
@@ -237,7 +312,8 @@ async def test_no_read_without_its_access_log_row(client: httpx.AsyncClient, db_
     assert [tuple(r) for r in rows] == [(incident, "operator-1", PURPOSE["purpose"])]
     # The failed read left its own incident, which names the read route and nothing of the record.
     errors = await owner_query(
-        db_url, "SELECT route, exception_type FROM diagnostics.incidents WHERE source = 'error'")
+        db_url, "SELECT route, exception_type FROM diagnostics.incidents WHERE source = 'error'"
+    )
     assert [tuple(r) for r in errors] == [("/v1/diagnostics/{incident}", "InsufficientPrivilegeError")]
 
 

@@ -30,8 +30,14 @@ LOCK_ALL = "SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' FOR UPDATE"
 def slow(settings: Settings, **bounds: int) -> Settings:
     """A small pool, and timeouts long enough that nothing but shedding answers while rows are locked."""
     return replace(
-        settings, pool_size=POOL, audit_pool_size=2, pool_acquire_timeout_ms=60_000, lock_timeout_ms=60_000,
-        statement_timeout_ms=90_000, rate_limit_per_second=0, **bounds,
+        settings,
+        pool_size=POOL,
+        audit_pool_size=2,
+        pool_acquire_timeout_ms=60_000,
+        lock_timeout_ms=60_000,
+        statement_timeout_ms=90_000,
+        rate_limit_per_second=0,
+        **bounds,
     )
 
 
@@ -80,7 +86,8 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
                 done: set[asyncio.Task[httpx.Response]] = set()
                 while len(done) < shed_count:
                     finished, _ = await asyncio.wait(
-                        [t for t in tasks if t not in done], return_when=asyncio.FIRST_COMPLETED)
+                        [t for t in tasks if t not in done], return_when=asyncio.FIRST_COMPLETED
+                    )
                     done |= finished
                 shed = [t.result() for t in done]
                 assert [r.status_code for r in shed] == [503] * shed_count
@@ -97,8 +104,13 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
                 assert events.status_code == 200
                 assert not any(t.done() for t in tasks if t not in done)
                 # the queue is full of t1's requests, but a quiet tenant is within its share: it queues
-                quiet = asyncio.create_task(http.post(
-                    "/v1/operations/op-q/claim", json=CLAIM, headers=auth("t2", "exec-9", "ledger:execute")))
+                quiet = asyncio.create_task(
+                    http.post(
+                        "/v1/operations/op-q/claim",
+                        json=CLAIM,
+                        headers=auth("t2", "exec-9", "ledger:execute"),
+                    )
+                )
                 await until_waiting(http, QUEUE + 1)
                 again = await heartbeat(http, "op-0", tokens["op-0"])  # while t1 is still shed
                 assert again.status_code == 503
@@ -112,7 +124,8 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
         found = samples((await http.get("/metrics")).text)
         shed_total = {
             (dict(labels)["pool"], dict(labels)["reason"]): value
-            for (name, labels), value in found.items() if name == "effect_ledger_db_pool_shed_total"
+            for (name, labels), value in found.items()
+            if name == "effect_ledger_db_pool_shed_total"
         }
         assert shed_total[("runtime", "queue")] == shed_count
         assert sum(shed_total.values()) == shed_count
@@ -135,7 +148,7 @@ async def test_past_the_wait_bound_new_requests_are_shed(settings: Settings, db_
         try:
             async with owner.transaction():
                 await owner.execute(LOCK_ALL)
-                held = [heartbeat(http, op, token) for op, token in tokens[:POOL + 1]]
+                held = [heartbeat(http, op, token) for op, token in tokens[: POOL + 1]]
                 await until_waiting(http, 1)
                 await asyncio.sleep(0.3)  # the queued one has now waited longer than the 200 ms bound
                 late = await heartbeat(http, *tokens[POOL + 1])
@@ -144,14 +157,22 @@ async def test_past_the_wait_bound_new_requests_are_shed(settings: Settings, db_
         finally:
             await owner.close()
         found = samples((await http.get("/metrics")).text)
-    assert found[("effect_ledger_db_pool_shed_total", frozenset({("pool", "runtime"), ("reason", "wait")}))] == 1
-    assert found[("effect_ledger_db_pool_shed_total", frozenset({("pool", "runtime"), ("reason", "queue")}))] == 0
+    assert (
+        found[("effect_ledger_db_pool_shed_total", frozenset({("pool", "runtime"), ("reason", "wait")}))] == 1
+    )
+    assert (
+        found[("effect_ledger_db_pool_shed_total", frozenset({("pool", "runtime"), ("reason", "queue")}))]
+        == 0
+    )
 
 
 async def _shed_incidents(db_url: str) -> int:
     conn = await asyncpg.connect(db_url)
     try:
-        return int(await conn.fetchval(
-            "SELECT count(*) FROM diagnostics.incidents WHERE phase = 'shed' AND http_status = 503"))
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM diagnostics.incidents WHERE phase = 'shed' AND http_status = 503"
+            )
+        )
     finally:
         await conn.close()

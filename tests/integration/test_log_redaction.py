@@ -46,20 +46,28 @@ async def lifecycle(http: httpx.AsyncClient, bearer: str) -> list[str]:
     for op, tok in zip(("op-a", "op-b"), seen, strict=True):
         sent = await http.post(f"/v1/operations/{op}/submit", json={"token": tok}, headers=headers)
         assert sent.status_code == 200
-        beat = await http.post(f"/v1/operations/{op}/heartbeat", json={"token": tok, "lease_seconds": 60},
-                               headers=headers)
+        beat = await http.post(
+            f"/v1/operations/{op}/heartbeat", json={"token": tok, "lease_seconds": 60}, headers=headers
+        )
         assert beat.status_code == 200
     # Refusals whose bodies carry a token: a stale one, and one beside an unknown field.
     stale = await http.post("/v1/operations/op-a/submit", json={"token": seen[1]}, headers=headers)
     assert stale.status_code == 409
-    odd = await http.post("/v1/operations/op-a/complete", json={"token": seen[0], "outcome": "x"},
-                          headers=headers)
+    odd = await http.post(
+        "/v1/operations/op-a/complete", json={"token": seen[0], "outcome": "x"}, headers=headers
+    )
     assert odd.status_code == 422
-    done = await http.post("/v1/operations/op-a/complete", headers=headers, json={
-        "token": seen[0], "outcome": "committed", "receipt": {"external_ref": "r-1"}})
+    done = await http.post(
+        "/v1/operations/op-a/complete",
+        headers=headers,
+        json={"token": seen[0], "outcome": "committed", "receipt": {"external_ref": "r-1"}},
+    )
     assert done.status_code == 200
-    unknown = await http.post("/v1/operations/op-b/complete", headers=headers, json={
-        "token": seen[1], "outcome": "unknown", "diagnostics": {"phase": "stream", "cause": "aborted"}})
+    unknown = await http.post(
+        "/v1/operations/op-b/complete",
+        headers=headers,
+        json={"token": seen[1], "outcome": "unknown", "diagnostics": {"phase": "stream", "cause": "aborted"}},
+    )
     assert unknown.status_code == 200 and unknown.json()["incident"].startswith("inc_")
     assert (await http.get("/v1/operations/op-a", headers=headers)).status_code == 200
     # A wrong token in the header is logged about too (401), and must not appear either.
@@ -77,7 +85,9 @@ async def test_a_full_lifecycle_logs_no_token(
         claim_tokens = await lifecycle(http, bearer)
         # The pipeline is the one under test: a line that names secrets outright is redacted too.
         structlog.get_logger("probe").info(
-            "probe", authorization=f"Bearer {bearer}", claim_token=claim_tokens[0],
+            "probe",
+            authorization=f"Bearer {bearer}",
+            claim_token=claim_tokens[0],
             note=f"sent {claim_tokens[1]}",
         )
         logging.getLogger("probe.stdlib").warning("header was Bearer %s", bearer)

@@ -17,8 +17,19 @@ from support.server import Service
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
 LINE_FIELDS = {
-    "event", "level", "timestamp", "request_id", "outcome", "route", "method", "status", "code", "tenant",
-    "principal", "operation_id", "duration_ms",
+    "event",
+    "level",
+    "timestamp",
+    "request_id",
+    "outcome",
+    "route",
+    "method",
+    "status",
+    "code",
+    "tenant",
+    "principal",
+    "operation_id",
+    "duration_ms",
 }
 GENERATED_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -104,7 +115,8 @@ async def test_unmatched_routes_and_wrong_methods_get_the_header_and_a_line(
     assert (missing.headers["x-request-id"], wrong.headers["x-request-id"]) == ("r-404", "r-405")
     lines = request_lines(capsys)
     assert [(x["request_id"], x["route"], x["code"]) for x in lines] == [
-        ("r-404", "unmatched", "not_found"), ("r-405", "unmatched", "method_not_allowed"),
+        ("r-404", "unmatched", "not_found"),
+        ("r-405", "unmatched", "method_not_allowed"),
     ]
     assert "/no/such/path" not in json.dumps(lines)  # the concrete path is never logged
 
@@ -123,7 +135,10 @@ async def test_probes_and_scrapes_log_at_debug_only(
             await http.get(path)
         lines = request_lines(capsys)
     assert [(x["route"], x["level"]) for x in lines] == [
-        ("/livez", "debug"), ("/readyz", "debug"), ("/metrics", "debug")]
+        ("/livez", "debug"),
+        ("/readyz", "debug"),
+        ("/metrics", "debug"),
+    ]
 
 
 async def test_no_token_reaches_the_log(

@@ -181,9 +181,16 @@ async def test_purge_deletes_only_old_terminal_operations_and_their_events(
         )
     # the old terminal ones are tombstones now (API.md 9a): no events, the row itself stays
     tombstones = {("t1", "old-committed"), ("t1", "old-not-applied"), ("t2", "old-committed")}
-    assert {(r["tenant_id"], r["operation_id"]) for r in left if r["tombstone"] and r["operation_id"].startswith(
-        "old-") and r["events"] == 0} == tombstones
-    assert [(r["tenant_id"], r["operation_id"]) for r in left if (r["tenant_id"], r["operation_id"]) not in tombstones] == [
+    assert {
+        (r["tenant_id"], r["operation_id"])
+        for r in left
+        if r["tombstone"] and r["operation_id"].startswith("old-") and r["events"] == 0
+    } == tombstones
+    assert [
+        (r["tenant_id"], r["operation_id"])
+        for r in left
+        if (r["tenant_id"], r["operation_id"]) not in tombstones
+    ] == [
         ("t1", op)
         for op in ("edge-committed", "new-committed", "old-pending", "old-submitted", "old-unknown")
     ]
@@ -205,9 +212,13 @@ async def test_purge_works_in_bounded_batches(db_url: str, settings: Settings) -
     result = await purge(replace(settings, purge_batch_size=100))
     assert (result.batches, result.counts["operations"]) == (3, 250)
     async with owner(db_url) as conn:
-        assert await conn.fetchval(
-            "SELECT count(*) FROM ledger.operations WHERE receipt IS NOT NULL OR not_applied_reason IS NOT NULL"
-            " OR status NOT IN ('committed', 'not_applied')") == 20
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM ledger.operations WHERE receipt IS NOT NULL OR not_applied_reason IS NOT NULL"
+                " OR status NOT IN ('committed', 'not_applied')"
+            )
+            == 20
+        )
 
 
 async def test_sweep_and_purge_as_a_non_superuser_owner_under_forced_rls(
@@ -263,8 +274,10 @@ async def test_sweep_and_purge_as_a_non_superuser_owner_under_forced_rls(
                 )
                 kinds = await conn.fetch("SELECT tenant_id, kind, actor FROM ledger.events ORDER BY 1")
             assert [tuple(r) for r in rows] == [
-                ("t1", "done", "committed", True), ("t1", "stuck", "unknown", True),
-                ("t2", "done", "committed", True), ("t2", "stuck", "unknown", True),
+                ("t1", "done", "committed", True),
+                ("t1", "stuck", "unknown", True),
+                ("t2", "done", "committed", True),
+                ("t2", "stuck", "unknown", True),
             ]
             assert [tuple(r) for r in kinds] == [
                 ("t1", "lease_expired", "effect-ledger"),
@@ -297,7 +310,10 @@ async def test_cli_runs_one_sweep_and_one_purge(client: httpx.AsyncClient, db_ur
     assert sweep_out == {"task": "sweep", "skipped": False, "batches": 1, "swept": 1}
     purge_out = await asyncio.to_thread(run_cli, "purge", "--database-url", db_url, "--retention-days", "2")
     assert purge_out["operations"] == 1 and purge_out["events"] == 2 and purge_out["skipped"] is False
-    assert await stored_status(db_url, "expired") == "unknown" and await stored_status(db_url, "old") == "committed"
+    assert (
+        await stored_status(db_url, "expired") == "unknown"
+        and await stored_status(db_url, "old") == "committed"
+    )
     assert purge_out["tombstones_expired"] == 0
 
 

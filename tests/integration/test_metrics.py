@@ -18,6 +18,7 @@ CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}
 RECEIPT = {"external_ref": "m-7", "observed_at": "2026-11-30T10:00:00Z"}
 EVIDENCE = {"source": "provider-api", "lookup_ref": "q-1", "checked_at": "2026-11-30T10:00:00Z"}
 
+
 async def claim(http: httpx.AsyncClient, op: str, body: dict[str, Any] | None = None) -> httpx.Response:
     return await http.post(f"/v1/operations/{op}/claim", json=body or CLAIM, headers=auth(TENANT, EXECUTOR))
 
@@ -32,7 +33,10 @@ async def expire_lease(db_url: str, op: str) -> None:
     try:
         await conn.execute(
             "UPDATE ledger.operations SET lease_expires_at = now() - interval '1 second'"
-            " WHERE tenant_id = $1 AND operation_id = $2", TENANT, op)
+            " WHERE tenant_id = $1 AND operation_id = $2",
+            TENANT,
+            op,
+        )
     finally:
         await conn.close()
 
@@ -87,29 +91,50 @@ async def test_counters_after_a_scripted_lifecycle(service: Service, db_url: str
     found = samples(scrape.text)
 
     assert by_label(found, "effect_ledger_claims_total", "result") == {
-        "granted": 5, "reclaimed": 2, "replayed": 1, "reuse_receipt": 1,
-        "in_progress": 1, "outcome_unknown": 1, "intent_conflict": 1,
+        "granted": 5,
+        "reclaimed": 2,
+        "replayed": 1,
+        "reuse_receipt": 1,
+        "in_progress": 1,
+        "outcome_unknown": 1,
+        "intent_conflict": 1,
     }
     transitions = {
         (dict(labels)["from_status"], dict(labels)["to_status"]): value
-        for (name, labels), value in found.items() if name == "effect_ledger_transitions_total"
+        for (name, labels), value in found.items()
+        if name == "effect_ledger_transitions_total"
     }
     assert transitions == {
-        ("none", "pending"): 5, ("pending", "submitted"): 3, ("pending", "committed"): 0,
-        ("pending", "not_applied"): 1, ("submitted", "committed"): 1, ("submitted", "not_applied"): 0,
-        ("submitted", "unknown"): 2, ("unknown", "committed"): 2, ("unknown", "not_applied"): 0,
+        ("none", "pending"): 5,
+        ("pending", "submitted"): 3,
+        ("pending", "committed"): 0,
+        ("pending", "not_applied"): 1,
+        ("submitted", "committed"): 1,
+        ("submitted", "not_applied"): 0,
+        ("submitted", "unknown"): 2,
+        ("unknown", "committed"): 2,
+        ("unknown", "not_applied"): 0,
         ("not_applied", "pending"): 1,
     }
     assert by_label(found, "effect_ledger_unknown_outcomes_recorded_total", "cause") == {
-        "reported": 1, "lease_expired": 1}
+        "reported": 1,
+        "lease_expired": 1,
+    }
     assert by_label(found, "effect_ledger_unknown_outcomes_resolved_total", "outcome") == {
-        "committed": 2, "not_applied": 0}
+        "committed": 2,
+        "not_applied": 0,
+    }
     assert by_label(found, "effect_ledger_reconciliations_total", "outcome") == {
-        "committed": 1, "not_applied": 0, "unresolved": 1, "conflicting": 1}
+        "committed": 1,
+        "not_applied": 0,
+        "unresolved": 1,
+        "conflicting": 1,
+    }
     assert by_label(found, "effect_ledger_lease_expiries_total", "via") == {"sweep": 0, "transition": 1}
     refusals = {
         (dict(labels)["call"], dict(labels)["code"]): value
-        for (name, labels), value in found.items() if name == "effect_ledger_refusals_total"
+        for (name, labels), value in found.items()
+        if name == "effect_ledger_refusals_total"
     }
     assert refusals == {("submit", "stale_claim"): 1, ("resolve", "conflicting_outcome"): 1}
 
@@ -155,7 +180,11 @@ async def test_pool_gauges_are_read_at_scrape_time(service: Service) -> None:
     }
     assert pools[("runtime", "in_use")] == 0 and pools[("reader", "in_use")] == 0
     assert pools[("runtime", "idle")] >= 1 and pools[("reader", "idle")] >= 1
-    assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {"runtime": 20, "audit": 3, "reader": 2}
+    assert by_label(found, "effect_ledger_db_pool_max_connections", "pool") == {
+        "runtime": 20,
+        "audit": 3,
+        "reader": 2,
+    }
     # a connection held outside a request shows as in use
     ledger = service.app.state.ledger
     async with ledger.pool.acquire():
@@ -191,6 +220,8 @@ async def test_the_background_sweep_counts_its_expiries(settings: Any, db_url: s
         found = samples((await http.get("/metrics")).text)
     assert expiries == {"sweep": 1, "transition": 0}
     assert by_label(found, "effect_ledger_unknown_outcomes_recorded_total", "cause") == {
-        "reported": 0, "lease_expired": 1}
+        "reported": 0,
+        "lease_expired": 1,
+    }
     edge = frozenset({("from_status", "submitted"), ("to_status", "unknown")})
     assert found[("effect_ledger_transitions_total", edge)] == 1

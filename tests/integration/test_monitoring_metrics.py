@@ -16,8 +16,11 @@ from support.server import Service
 
 MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "base" / "monitoring"
 NAME = re.compile(r"\beffect_ledger_[a-z0-9_]+")
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
-            "gauge": ("",)}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gauge": ("",),
+}
 
 
 def used_names() -> dict[str, set[str]]:
@@ -49,7 +52,12 @@ async def test_dashboard_and_alerts_use_only_exported_metrics(settings: Settings
     missing = {name: sorted(where) for name, where in used.items() if name not in exported}
     assert missing == {}
     # and the overload metrics this issue added are among those watched
-    for name in ("effect_ledger_rate_limited_total", "effect_ledger_db_pool_shed_total",
-                 "effect_ledger_db_pool_waiting", "effect_ledger_claim_attempts_total",
-                 "effect_ledger_unknown_outcome_oldest_age_seconds", "effect_ledger_purge_overdue_seconds"):
+    for name in (
+        "effect_ledger_rate_limited_total",
+        "effect_ledger_db_pool_shed_total",
+        "effect_ledger_db_pool_waiting",
+        "effect_ledger_claim_attempts_total",
+        "effect_ledger_unknown_outcome_oldest_age_seconds",
+        "effect_ledger_purge_overdue_seconds",
+    ):
         assert name in used, name

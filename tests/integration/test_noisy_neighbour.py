@@ -39,7 +39,9 @@ async def quiet_cycles(http: httpx.AsyncClient, executor: int) -> list[int]:
         submitted = await http.post(f"/v1/operations/{op}/submit", json={"token": token}, headers=headers)
         statuses.append(submitted.status_code)
         done = {"token": token, "outcome": "committed", "receipt": {"external_ref": f"r-{op}"}}
-        statuses.append((await http.post(f"/v1/operations/{op}/complete", json=done, headers=headers)).status_code)
+        statuses.append(
+            (await http.post(f"/v1/operations/{op}/complete", json=done, headers=headers)).status_code
+        )
     return statuses
 
 
@@ -58,9 +60,10 @@ async def flood(http: httpx.AsyncClient, quiet_done: asyncio.Event, ids: itertoo
 async def test_a_flooding_tenant_gets_429s_and_the_quiet_one_loses_nothing(settings: Settings) -> None:
     config = replace(settings, pool_size=10, rate_limit_overrides=json.dumps({"t-flood": FLOOD_LIMIT}))
     limits = httpx.Limits(max_connections=FLOOD_TASKS + QUIET_EXECUTORS + 4)
-    async with Service(config) as service, httpx.AsyncClient(
-        base_url=service.base_url, timeout=120, limits=limits
-    ) as http:
+    async with (
+        Service(config) as service,
+        httpx.AsyncClient(base_url=service.base_url, timeout=120, limits=limits) as http,
+    ):
         quiet_done = asyncio.Event()
         ids = itertools.count()
         flooding = [asyncio.create_task(flood(http, quiet_done, ids)) for _ in range(FLOOD_TASKS)]

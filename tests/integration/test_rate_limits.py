@@ -28,10 +28,12 @@ from support.metrics import by_label, samples
 from support.server import Service
 
 BURST = 5
-OVERRIDES = json.dumps({
-    "t-lim": {"per_second": 0.001, "burst": BURST},  # one token per 1,000 s: only the burst counts
-    "t-off": {"per_second": 0, "burst": 0},  # 0 switches the limit off for this tenant
-})
+OVERRIDES = json.dumps(
+    {
+        "t-lim": {"per_second": 0.001, "burst": BURST},  # one token per 1,000 s: only the burst counts
+        "t-off": {"per_second": 0, "burst": 0},  # 0 switches the limit off for this tenant
+    }
+)
 CLAIM = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
 CLAIM_ROUTE = "/v1/operations/{operation_id}/claim"
 
@@ -41,10 +43,12 @@ def limited(settings: Settings) -> Settings:
     return replace(settings, rate_limit_overrides=OVERRIDES)
 
 
-async def claim(http: httpx.AsyncClient, op: str, tenant: str = "t-lim", sub: str = "exec-1",
-                body: Any = None) -> httpx.Response:
-    return await http.post(f"/v1/operations/{op}/claim", json=CLAIM if body is None else body,
-                           headers=auth(tenant, sub))
+async def claim(
+    http: httpx.AsyncClient, op: str, tenant: str = "t-lim", sub: str = "exec-1", body: Any = None
+) -> httpx.Response:
+    return await http.post(
+        f"/v1/operations/{op}/claim", json=CLAIM if body is None else body, headers=auth(tenant, sub)
+    )
 
 
 async def test_past_the_burst_429_with_retry_after_for_that_principal_only(limited: Settings) -> None:
@@ -66,10 +70,14 @@ async def test_past_the_burst_429_with_retry_after_for_that_principal_only(limit
         assert read.status_code == 429
         metrics = samples((await http.get("/metrics")).text)
     assert by_label(metrics, "effect_ledger_rate_limited_total", "route") == {
-        CLAIM_ROUTE: 3, "/v1/operations/{operation_id}": 1}
+        CLAIM_ROUTE: 3,
+        "/v1/operations/{operation_id}": 1,
+    }
 
 
-async def test_refused_before_the_body_is_read_and_before_the_database(limited: Settings, db_url: str) -> None:
+async def test_refused_before_the_body_is_read_and_before_the_database(
+    limited: Settings, db_url: str
+) -> None:
     """With the operations table locked, a claim that reached the database would wait and fail (503):
     the limited caller gets 429 at once, and even a malformed body is not looked at."""
     config = replace(limited, lock_timeout_ms=5000, statement_timeout_ms=10000)
@@ -81,8 +89,11 @@ async def test_refused_before_the_body_is_read_and_before_the_database(limited: 
             async with owner.transaction():
                 await owner.execute("LOCK TABLE ledger.operations IN ACCESS EXCLUSIVE MODE")
                 assert (await claim(http, "op-locked")).status_code == 429
-                malformed = await http.post("/v1/operations/op-y/claim", content=b"{not json",
-                                            headers={**auth("t-lim"), "content-type": "application/json"})
+                malformed = await http.post(
+                    "/v1/operations/op-y/claim",
+                    content=b"{not json",
+                    headers={**auth("t-lim"), "content-type": "application/json"},
+                )
                 assert malformed.status_code == 429
         finally:
             await owner.close()

@@ -31,12 +31,23 @@ async def _commit_in_a_held_transaction(db_url: str, op: str, started: asyncio.E
         async with conn.transaction():
             # bound as the service binds (SET LOCAL, which Citus forwards to the worker's shard)
             await conn.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', 't1')")
-            receipt = json.dumps({**RECEIPT, "result_digest": None, "result": None, "observed_at": None,
-                                  "recorded_by": "exec-1", "recorded_at": None})
+            receipt = json.dumps(
+                {
+                    **RECEIPT,
+                    "result_digest": None,
+                    "result": None,
+                    "observed_at": None,
+                    "recorded_by": "exec-1",
+                    "recorded_at": None,
+                }
+            )
             status = await conn.execute(
                 "UPDATE ledger.operations SET status = 'committed', receipt = $2::jsonb, lease_expires_at = NULL,"
                 " resolved_at = statement_timestamp(), resolved_by = 'exec-1', updated_at = statement_timestamp()"
-                " WHERE tenant_id = 't1' AND operation_id = $1", op, receipt)
+                " WHERE tenant_id = 't1' AND operation_id = $1",
+                op,
+                receipt,
+            )
             assert status == "UPDATE 1"
             started.set()
             await asyncio.sleep(HOLD_SECONDS)
@@ -64,8 +75,9 @@ async def _follow(client: httpx.AsyncClient, stop: asyncio.Event, seen: list[dic
         assert r.status_code == 200, r.text
         items = r.json()["items"]
         for item in items:
-            seen.append({"id": item["operation_id"], "position": item["position"],
-                         "resolved_at": item["resolved_at"]})
+            seen.append(
+                {"id": item["operation_id"], "position": item["position"], "resolved_at": item["resolved_at"]}
+            )
         if items:
             after = items[-1]["position"]
         else:
@@ -86,8 +98,10 @@ async def test_a_follower_sees_every_receipt_once_in_order(client: httpx.AsyncCl
     seen: list[dict[str, Any]] = []
     follower = asyncio.create_task(_follow(client, stop, seen))
     starts = [asyncio.Event() for _ in held_ops]
-    holders = [asyncio.create_task(_commit_in_a_held_transaction(db_url, op, ev))
-               for op, ev in zip(held_ops, starts, strict=True)]
+    holders = [
+        asyncio.create_task(_commit_in_a_held_transaction(db_url, op, ev))
+        for op, ev in zip(held_ops, starts, strict=True)
+    ]
     await asyncio.gather(*(ev.wait() for ev in starts))  # every held transaction has stamped its time
     written = await asyncio.gather(*(_writer(client, w) for w in range(WRITERS)))
     await asyncio.gather(*holders)
@@ -95,8 +109,12 @@ async def test_a_follower_sees_every_receipt_once_in_order(client: httpx.AsyncCl
     await follower
 
     async with owner(db_url) as conn:
-        expected = {r["operation_id"] for r in await conn.fetch(
-            "SELECT operation_id FROM ledger.operations WHERE tenant_id = 't1' AND status = 'committed'")}
+        expected = {
+            r["operation_id"]
+            for r in await conn.fetch(
+                "SELECT operation_id FROM ledger.operations WHERE tenant_id = 't1' AND status = 'committed'"
+            )
+        }
     assert expected == set(held_ops) | {op for ops in written for op in ops}
     ids = [s["id"] for s in seen]
     assert len(ids) == len(set(ids)), "a receipt was delivered twice"
@@ -121,12 +139,17 @@ async def test_positions_survive_paging_filters_and_bad_input(client: httpx.Asyn
     assert [i["position"] for i in after_two["items"]] == positions[2:] and after_two["next_cursor"] is None
     by_cursor = (await get(client, "/v1/receipts", {"limit": "2"}, **AUDITOR)).json()
     assert by_cursor["next_cursor"] == positions[1]
-    filtered = (await get(client, "/v1/receipts", {"principal": "exec-2", "after": positions[0]}, **AUDITOR))
+    filtered = await get(client, "/v1/receipts", {"principal": "exec-2", "after": positions[0]}, **AUDITOR)
     assert [i["operation_id"] for i in filtered.json()["items"]] == ["p-1", "p-3"]
     tail = await get(client, "/v1/receipts", {"after": positions[-1]}, **AUDITOR)
     assert tail.json() == {"items": [], "next_cursor": None}
-    for bad in ({"after": "abc"}, {"after": "0"}, {"after": "1" * 21}, {"cursor": "x"},
-                {"after": positions[0], "cursor": positions[1]}):
+    for bad in (
+        {"after": "abc"},
+        {"after": "0"},
+        {"after": "1" * 21},
+        {"cursor": "x"},
+        {"after": positions[0], "cursor": positions[1]},
+    ):
         r = await get(client, "/v1/receipts", bad, **AUDITOR)
         assert r.status_code == 422 and r.json()["code"] == "validation_failed", bad
 
@@ -135,12 +158,16 @@ async def test_two_sequencers_never_hand_out_a_position_twice(client: httpx.Asyn
     for n in range(30):
         await committed(client, f"s-{n}")
     # eight feed reads at once: each runs the sequencer first, and they all agree
-    answers = await asyncio.gather(*(get(client, "/v1/receipts", {"limit": "500"}, **AUDITOR)
-                                     for _ in range(8)))
+    answers = await asyncio.gather(
+        *(get(client, "/v1/receipts", {"limit": "500"}, **AUDITOR) for _ in range(8))
+    )
     lists = [[i["position"] for i in a.json()["items"]] for a in answers]
     assert all(lst == lists[0] for lst in lists) and len(lists[0]) == 30
     async with owner(db_url) as conn:
-        assert await conn.fetchval("SELECT last_position FROM ledger.feed_counters WHERE tenant_id = 't1'") == 30
+        assert (
+            await conn.fetchval("SELECT last_position FROM ledger.feed_counters WHERE tenant_id = 't1'") == 30
+        )
         unpositioned = await conn.fetchval(
-            "SELECT count(*) FROM ledger.operations WHERE status = 'committed' AND feed_position IS NULL")
+            "SELECT count(*) FROM ledger.operations WHERE status = 'committed' AND feed_position IS NULL"
+        )
         assert unpositioned == 0

@@ -30,7 +30,8 @@ async def claim(http: httpx.AsyncClient, op: str, body: dict[str, Any] | None = 
 def attempts(text: str) -> dict[tuple[str, str], float]:
     return {
         (dict(labels)["attempt"], dict(labels)["result"]): value
-        for (name, labels), value in samples(text).items() if name == "effect_ledger_claim_attempts_total"
+        for (name, labels), value in samples(text).items()
+        if name == "effect_ledger_claim_attempts_total"
     }
 
 
@@ -45,16 +46,20 @@ async def test_first_attempts_and_re_attempts_are_counted_apart(settings: Settin
         reclaimed = (await claim(http, "op-a")).json()["claim"]  # a reclaim after the lease ran out
         assert reclaimed["attempt"] == 2 and reclaimed["token"] != granted
         done = {"token": reclaimed["token"], "outcome": "committed", "receipt": {"external_ref": "r"}}
-        assert (await http.post("/v1/operations/op-a/complete", json=done,
-                                headers=auth(TENANT, EXECUTOR))).status_code == 200
+        assert (
+            await http.post("/v1/operations/op-a/complete", json=done, headers=auth(TENANT, EXECUTOR))
+        ).status_code == 200
         assert (await claim(http, "op-a")).json()["action"] == "reuse_receipt"  # a repeat after success
         assert (await claim(http, "op-b")).status_code == 201  # first
         assert (await claim(http, "op-a", {**CLAIM, "intent": {"other": 1}})).status_code == 422  # neither
         text = (await http.get("/metrics")).text
     assert attempts(text) == {
         ("first", "granted"): 2,
-        ("retry", "replayed"): 1, ("retry", "in_progress"): 2, ("retry", "reclaimed"): 1,
-        ("retry", "reuse_receipt"): 1, ("retry", "outcome_unknown"): 0,
+        ("retry", "replayed"): 1,
+        ("retry", "in_progress"): 2,
+        ("retry", "reclaimed"): 1,
+        ("retry", "reuse_receipt"): 1,
+        ("retry", "outcome_unknown"): 0,
     }
 
 
@@ -67,16 +72,17 @@ async def test_the_client_counts_its_retries(settings: Settings) -> None:
         return None
 
     policy = RetryPolicy(maximum_attempts=3, deadline_seconds=10_000, sleep=no_wait, jitter=lambda: 0.0)
-    async with Service(config) as service, LedgerClient(
-        service.base_url, token("t-amp", "exec-1", "ledger:execute"), retry=policy
-    ) as client:
+    async with (
+        Service(config) as service,
+        LedgerClient(service.base_url, token("t-amp", "exec-1", "ledger:execute"), retry=policy) as client,
+    ):
         await client.claim("op-1", tool="t", tool_version="1", intent={})
         assert client.stats == CallStats(calls=1, requests=1, retries=0, retried_calls=0)
         with pytest.raises(RateLimited) as refused:
             await client.claim("op-2", tool="t", tool_version="1", intent={})
         assert refused.value.attempts == 3
         assert client.stats == CallStats(calls=2, requests=4, retries=2, retried_calls=1)
-        text = (await client.metrics())
+        text = await client.metrics()
     found = samples(text)
     key = ("effect_ledger_rate_limited_total", frozenset({("route", "/v1/operations/{operation_id}/claim")}))
     assert found[key] == 3

@@ -55,7 +55,13 @@ async def test_runtime_role_is_neither_owner_superuser_nor_rls_bypasser(db_url: 
             " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname IN ('ledger', 'diagnostics') AND c.relkind = 'r' ORDER BY 1"
         )
-        assert [r["relname"] for r in owners] == ["access_log", "events", "feed_counters", "incidents", "operations"]
+        assert [r["relname"] for r in owners] == [
+            "access_log",
+            "events",
+            "feed_counters",
+            "incidents",
+            "operations",
+        ]
         for r in owners:
             assert r["owner"] != "effect_ledger_runtime"
             assert (r["relrowsecurity"], r["relforcerowsecurity"]) == (True, True)

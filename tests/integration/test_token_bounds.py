@@ -18,8 +18,15 @@ _DROP = object()
 
 def _signed(**changes: Any) -> dict[str, str]:
     now = int(time.time())
-    claims: dict[str, Any] = {"sub": "exec-1", "tenant": "t1", "scope": SCOPE, "iat": now, "exp": now + 600,
-                              "aud": "effect-ledger", "iss": "effect-ledger"}
+    claims: dict[str, Any] = {
+        "sub": "exec-1",
+        "tenant": "t1",
+        "scope": SCOPE,
+        "iat": now,
+        "exp": now + 600,
+        "aud": "effect-ledger",
+        "iss": "effect-ledger",
+    }
     for name, value in changes.items():
         if value is _DROP:
             claims.pop(name)
@@ -55,10 +62,12 @@ HOSTILE = {
     "iat_true": _signed(iat=True, exp=NOW + 60),
     "exp_missing": _signed(exp=_DROP),
 }
-CALLS = [("GET", "/v1/operations/op-1", None),
-         ("POST", "/v1/operations/op-1/claim", {"tool": "t", "tool_version": "1", "intent": {}}),
-         ("GET", "/v1/receipts", None),
-         ("POST", "/v1/diagnostics", {"cause": "timeout"})]
+CALLS = [
+    ("GET", "/v1/operations/op-1", None),
+    ("POST", "/v1/operations/op-1/claim", {"tool": "t", "tool_version": "1", "intent": {}}),
+    ("GET", "/v1/receipts", None),
+    ("POST", "/v1/diagnostics", {"cause": "timeout"}),
+]
 
 
 @pytest.mark.parametrize("attack", sorted(HOSTILE))

@@ -30,7 +30,10 @@ async def backdate(db_url: str, days: int, *ops: str) -> None:
     async with owner(db_url) as conn:
         await conn.execute(
             "UPDATE ledger.operations SET updated_at = now() - make_interval(days => $1)"
-            " WHERE operation_id = ANY($2::text[])", days, list(ops))
+            " WHERE operation_id = ANY($2::text[])",
+            days,
+            list(ops),
+        )
 
 
 async def not_applied_twice(client: httpx.AsyncClient, op: str) -> None:
@@ -53,7 +56,10 @@ async def test_every_claim_row_against_a_tombstone(
     await backdate(db_url, 31, "t-committed", "t-not-applied")
     result = await purge(settings)
     assert (result.counts["operations"], result.counts["events"], result.counts["tombstones_expired"]) == (
-        2, 6, 0)
+        2,
+        6,
+        0,
+    )
 
     # committed, same binding -> 200 reuse_receipt, never executable again
     r = await claim(client, "t-committed")
@@ -104,9 +110,13 @@ async def test_late_reports_on_a_committed_tombstone(
     await backdate(db_url, 31, "t-late")
     await purge(settings)
     # the same outcome again: 200, nothing changes (the receipt is gone, the outcome still agrees)
-    again = await call(client, "t-late", "complete", {"token": token, "outcome": "committed", "receipt": RECEIPT})
+    again = await call(
+        client, "t-late", "complete", {"token": token, "outcome": "committed", "receipt": RECEIPT}
+    )
     assert again.status_code == 200 and again.json()["purged"] is True
-    other = await call(client, "t-late", "complete", {"token": token, "outcome": "not_applied", "reason": REASON})
+    other = await call(
+        client, "t-late", "complete", {"token": token, "outcome": "not_applied", "reason": REASON}
+    )
     assert other.status_code == 409 and other.json()["code"] == "conflicting_outcome"
     unresolved = {"outcome": "unresolved", "evidence": {"source": "x", "checked_at": "2026-11-30T10:00:00Z"}}
     r = await call(client, "t-late", "resolve", unresolved, sub="rec-1", scope="ledger:reconcile")
@@ -140,13 +150,20 @@ def test_tombstone_days_below_retention_days_is_refused() -> None:
         Settings(retention_days=30, tombstone_days=29)
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({"EFFECT_LEDGER_RETENTION_DAYS": "500"})
-    assert "EFFECT_LEDGER_TOMBSTONE_DAYS (400) must not be less than EFFECT_LEDGER_RETENTION_DAYS (500)" in str(
-        refused.value)
+    assert (
+        "EFFECT_LEDGER_TOMBSTONE_DAYS (400) must not be less than EFFECT_LEDGER_RETENTION_DAYS (500)"
+        in str(refused.value)
+    )
     assert Settings.from_env({"EFFECT_LEDGER_RETENTION_DAYS": "500", "EFFECT_LEDGER_TOMBSTONE_DAYS": "500"})
 
 
 ROUNDS = 200
-SEEDED = {"tool": "measure", "tool_version": "1.0", "intent_digest": "sha256:" + "0" * 64, "lease_seconds": 60}
+SEEDED = {
+    "tool": "measure",
+    "tool_version": "1.0",
+    "intent_digest": "sha256:" + "0" * 64,
+    "lease_seconds": 60,
+}
 
 
 @pytest.mark.timeout(600)
@@ -155,8 +172,11 @@ async def test_a_claim_racing_the_purge_never_executes_twice(
 ) -> None:
     recent = datetime.now(UTC) - timedelta(hours=1)
     async with owner(db_url) as conn:
-        await seed(conn, [Seed("t1", f"race-c-{n}", "committed", recent) for n in range(ROUNDS)]
-                   + [Seed("t1", f"race-n-{n}", "not_applied", recent) for n in range(ROUNDS)])
+        await seed(
+            conn,
+            [Seed("t1", f"race-c-{n}", "committed", recent) for n in range(ROUNDS)]
+            + [Seed("t1", f"race-n-{n}", "not_applied", recent) for n in range(ROUNDS)],
+        )
     purger = await owner_connection(settings)
     answers: Counter[tuple[str, int, str]] = Counter()
     tombstoned = 0
@@ -170,7 +190,11 @@ async def test_a_claim_racing_the_purge_never_executes_twice(
 
             purged, *claims = await asyncio.gather(
                 purge_ledger_batch(purger, settings.retention_days, 10),
-                claim_seeded(pair[0]), claim_seeded(pair[1]), claim_seeded(pair[0]), claim_seeded(pair[1]))
+                claim_seeded(pair[0]),
+                claim_seeded(pair[1]),
+                claim_seeded(pair[0]),
+                claim_seeded(pair[1]),
+            )
             tombstoned += purged[0]
             committed_answers = [c for c in claims if c.request.url.path.endswith(f"{pair[0]}/claim")]
             other_answers = [c for c in claims if c not in committed_answers]
@@ -189,10 +213,13 @@ async def test_a_claim_racing_the_purge_never_executes_twice(
     assert answers[("not_applied", 201, "execute")] == ROUNDS
     assert tombstoned >= 1  # the purge won some of the races (and the claim the others)
     async with owner(db_url) as conn:
-        attempts = await conn.fetch("SELECT attempt, status FROM ledger.operations WHERE operation_id LIKE 'race-n-%'")
+        attempts = await conn.fetch(
+            "SELECT attempt, status FROM ledger.operations WHERE operation_id LIKE 'race-n-%'"
+        )
         assert {(r["attempt"], r["status"]) for r in attempts} == {(2, "pending")}
         left: Any = await conn.fetchval(
-            "SELECT count(*) FROM ledger.operations WHERE operation_id LIKE 'race-c-%' AND status = 'committed'")
+            "SELECT count(*) FROM ledger.operations WHERE operation_id LIKE 'race-c-%' AND status = 'committed'"
+        )
         assert left == ROUNDS
 
 

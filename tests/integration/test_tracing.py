@@ -61,31 +61,51 @@ async def test_claim_submit_complete_span_tree(
 
     servers = children(spans, next(s for s in spans if s.name == "executor.cycle"))
     assert [s.name for s in servers] == [
-        f"POST {OPERATION_ROUTE}/claim", f"POST {OPERATION_ROUTE}/submit", f"POST {OPERATION_ROUTE}/complete"]
-    assert all(s.kind == SpanKind.SERVER and s.context.trace_id == root.get_span_context().trace_id
-               for s in servers)
+        f"POST {OPERATION_ROUTE}/claim",
+        f"POST {OPERATION_ROUTE}/submit",
+        f"POST {OPERATION_ROUTE}/complete",
+    ]
+    assert all(
+        s.kind == SpanKind.SERVER and s.context.trace_id == root.get_span_context().trace_id for s in servers
+    )
     facts = [dict(s.attributes or {}) for s in servers]
     assert facts[0] == {
-        "http.request.method": "POST", "http.route": f"{OPERATION_ROUTE}/claim", "http.response.status_code": 201,
-        "effect_ledger.call": "claim", "effect_ledger.outcome": "granted", "effect_ledger.attempt_kind": "first",
-        "effect_ledger.effect_knowledge": "none", "effect_ledger.operation.attempt": 1,
+        "http.request.method": "POST",
+        "http.route": f"{OPERATION_ROUTE}/claim",
+        "http.response.status_code": 201,
+        "effect_ledger.call": "claim",
+        "effect_ledger.outcome": "granted",
+        "effect_ledger.attempt_kind": "first",
+        "effect_ledger.effect_knowledge": "none",
+        "effect_ledger.operation.attempt": 1,
     }
     assert {k: facts[1][k] for k in ("effect_ledger.outcome", "effect_ledger.effect_knowledge")} == {
-        "effect_ledger.outcome": "submitted", "effect_ledger.effect_knowledge": "unknown"}
-    assert {k: facts[2][k] for k in ("effect_ledger.outcome", "effect_ledger.effect_knowledge",
-                                     "http.response.status_code")} == {
-        "effect_ledger.outcome": "committed", "effect_ledger.effect_knowledge": "committed",
-        "http.response.status_code": 200}
+        "effect_ledger.outcome": "submitted",
+        "effect_ledger.effect_knowledge": "unknown",
+    }
+    assert {
+        k: facts[2][k]
+        for k in ("effect_ledger.outcome", "effect_ledger.effect_knowledge", "http.response.status_code")
+    } == {
+        "effect_ledger.outcome": "committed",
+        "effect_ledger.effect_knowledge": "committed",
+        "http.response.status_code": 200,
+    }
     # each request made exactly one database call, a client span under its server span
     for server, phase in zip(servers, ("claim", "submit", "complete"), strict=True):
         [db] = children(spans, server)
         assert (db.name, db.kind) == (f"db {phase}", SpanKind.CLIENT)
         assert dict(db.attributes or {}) == {
-            "db.system.name": "postgresql", "db.operation.name": phase, "effect_ledger.db.pool": "runtime"}
+            "db.system.name": "postgresql",
+            "db.operation.name": phase,
+            "effect_ledger.db.pool": "runtime",
+        }
 
     refused = [s for s in spans if s.name == f"POST {OPERATION_ROUTE}/claim" and s not in servers]
     assert [dict(s.attributes or {}).get("effect_ledger.refusal_code") for s in refused] == [
-        None, "operation_in_progress"]
+        None,
+        "operation_in_progress",
+    ]
     assert dict(refused[1].attributes or {})["effect_ledger.attempt_kind"] == "retry"
     [probe] = [s for s in spans if s.name == "GET /livez"]
     assert probe.parent is None
@@ -99,8 +119,12 @@ async def test_claim_submit_complete_span_tree(
 
 async def test_tracing_is_off_by_default(settings: Settings) -> None:
     assert tracing.enabled_by_env({}) is None and not tracing.active()
-    assert tracing.enabled_by_env({"OTEL_TRACES_EXPORTER": "none",
-                                   "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}) is None
+    assert (
+        tracing.enabled_by_env(
+            {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+        )
+        is None
+    )
     assert tracing.enabled_by_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}) == "otlp"
     assert tracing.enabled_by_env({"OTEL_TRACES_EXPORTER": "console"}) == "console"
     assert tracing.enabled_by_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None

@@ -18,8 +18,13 @@ DASHBOARD_FILE = MONITORING / "effect-ledger-dashboard.json"
 # The list: unknown outcomes waiting, lease expiries rising, 5xx rate, 429 per route,
 # pool saturation (and its consequence, shedding), purge falling behind.
 ALERTS = {
-    "EffectLedgerUnknownOutcomeWaiting", "EffectLedgerLeaseExpiriesRising", "EffectLedgerHigh5xxRate",
-    "EffectLedgerRateLimited", "EffectLedgerPoolSaturated", "EffectLedgerLoadShedding", "EffectLedgerPurgeBehind",
+    "EffectLedgerUnknownOutcomeWaiting",
+    "EffectLedgerLeaseExpiriesRising",
+    "EffectLedgerHigh5xxRate",
+    "EffectLedgerRateLimited",
+    "EffectLedgerPoolSaturated",
+    "EffectLedgerLoadShedding",
+    "EffectLedgerPurgeBehind",
 }
 builds = pytest.mark.parametrize("name", BUILDS)
 

@@ -69,9 +69,11 @@ class Figures:
         """One greppable line: `CHAOS <scenario> mode=… operations=… faults=… violations=… …`."""
         seconds = time.monotonic() - self.started
         extras = " ".join(f"{k}={v}" for k, v in self.extra.items())
-        return (f"CHAOS {self.scenario} mode={'long' if LONG else 'short'} operations={self.operations} "
-                f"faults={self.faults} violations={len(self.violations)} seconds={seconds:.1f} "
-                f"{extras}").strip()
+        return (
+            f"CHAOS {self.scenario} mode={'long' if LONG else 'short'} operations={self.operations} "
+            f"faults={self.faults} violations={len(self.violations)} seconds={seconds:.1f} "
+            f"{extras}"
+        ).strip()
 
     def emit(self, config: pytest.Config) -> None:
         """Print the figures line past pytest's capture, and append it to the report file if one is set."""
@@ -83,11 +85,15 @@ class Figures:
         else:
             print(line, flush=True)
         if REPORT_FILE:
-            record = {"scenario": self.scenario, "mode": "long" if LONG else "short",
-                      "operations": self.operations, "faults": self.faults,
-                      "violations": len(self.violations),
-                      "seconds": round(time.monotonic() - self.started, 1),
-                      **self.extra}
+            record = {
+                "scenario": self.scenario,
+                "mode": "long" if LONG else "short",
+                "operations": self.operations,
+                "faults": self.faults,
+                "violations": len(self.violations),
+                "seconds": round(time.monotonic() - self.started, 1),
+                **self.extra,
+            }
             with open(REPORT_FILE, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
 
@@ -144,9 +150,16 @@ class Sink(LoopServer):
         else:
             answer = {"executions": [e.attempt for e in self.executions.get(key, [])]}
         payload = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     @property
@@ -221,12 +234,16 @@ def check_ledger(state: LedgerState) -> list[str]:
             found.append(f"{name}: chain does not start with a claim")
         for before, after in pairwise(chain):
             if after["from_status"] != before["to_status"]:
-                found.append(f"{name}: event {after['seq']} starts from {after['from_status']}, "
-                             f"the previous ended at {before['to_status']}")
+                found.append(
+                    f"{name}: event {after['seq']} starts from {after['from_status']}, "
+                    f"the previous ended at {before['to_status']}"
+                )
         last = chain[-1]
         if last["to_status"] != op["status"] or last["attempt"] != op["attempt"]:
-            found.append(f"{name}: row says {op['status']}/attempt {op['attempt']}, its last event "
-                         f"{last['kind']} says {last['to_status']}/attempt {last['attempt']}")
+            found.append(
+                f"{name}: row says {op['status']}/attempt {op['attempt']}, its last event "
+                f"{last['kind']} says {last['to_status']}/attempt {last['attempt']}"
+            )
     for key in state.events:
         if key not in state.operations:
             found.append(f"{'/'.join(key)}: events without an operation")
@@ -252,11 +269,14 @@ def check_effects(state: LedgerState, executions: dict[str, list[Execution]], *,
             if len(runs) != 1:
                 found.append(f"{key}: committed with {len(runs)} executions at the sink")
             elif receipt.get("external_ref") != sink_receipt(key, runs[0].attempt)["external_ref"]:
-                found.append(f"{key}: receipt {receipt.get('external_ref')} does not name the execution "
-                             f"of attempt {runs[0].attempt}")
+                found.append(
+                    f"{key}: receipt {receipt.get('external_ref')} does not name the execution "
+                    f"of attempt {runs[0].attempt}"
+                )
             elif runs[0].attempt != op["attempt"]:
-                found.append(f"{key}: executed by attempt {runs[0].attempt}, "
-                             f"committed at attempt {op['attempt']}")
+                found.append(
+                    f"{key}: executed by attempt {runs[0].attempt}, committed at attempt {op['attempt']}"
+                )
         elif status == "not_applied" and runs:
             found.append(f"{key}: not_applied, yet the sink executed it")
         if settled:

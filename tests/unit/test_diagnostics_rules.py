@@ -18,10 +18,19 @@ from effect_ledger.domain.errors import LedgerError
 @pytest.mark.parametrize(
     ("name", "allowed"),
     [
-        ("retry-after", True), ("Retry-After", True), ("REQUEST-ID", True), ("x-request-id", True),
-        ("X-RateLimit-Remaining-Tokens", True), ("x-ratelimit-reset", True),
-        ("x-ratelimit-", False), ("authorization", False), ("cookie", False), ("set-cookie", False),
-        ("x-api-key", False), ("retry-after ", False), ("x-request-ids", False),
+        ("retry-after", True),
+        ("Retry-After", True),
+        ("REQUEST-ID", True),
+        ("x-request-id", True),
+        ("X-RateLimit-Remaining-Tokens", True),
+        ("x-ratelimit-reset", True),
+        ("x-ratelimit-", False),
+        ("authorization", False),
+        ("cookie", False),
+        ("set-cookie", False),
+        ("x-api-key", False),
+        ("retry-after ", False),
+        ("x-request-ids", False),
         ("ratelimit-remaining", False),
     ],
 )
@@ -31,7 +40,9 @@ def test_header_allow_list_is_case_insensitive_and_exact(name: str, allowed: boo
 
 def test_headers_are_lower_cased_and_refused_by_position() -> None:
     assert normalise_headers({"Retry-After": "3", "X-RateLimit-Limit": "10"}) == {
-        "retry-after": "3", "x-ratelimit-limit": "10"}
+        "retry-after": "3",
+        "x-ratelimit-limit": "10",
+    }
     with pytest.raises(LedgerError) as refused:
         normalise_headers({"retry-after": "3", "X-Secret-Thing": "v"}, "diagnostics.headers")
     assert refused.value.extensions["errors"][0]["field"] == "diagnostics.headers[1]"
@@ -57,7 +68,8 @@ def test_screening_names_fields_with_a_prefix_and_never_values() -> None:
         screen({"provider": "ok", "headers": {"x-request-id": "Bearer " + "abcdef123456"}}, "diagnostics.")
     assert refused.value.code == "sensitive_value_rejected"
     assert refused.value.extensions == {
-        "errors": [{"field": 'diagnostics.headers["x-request-id"]', "problem": "looks like a credential"}]}
+        "errors": [{"field": 'diagnostics.headers["x-request-id"]', "problem": "looks like a credential"}]
+    }
     screen({"provider": "example-llm", "provider_request_id": "req_011CSHoEeqs5C35K2UUqR7Fy"})
 
 

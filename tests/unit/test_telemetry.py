@@ -16,8 +16,16 @@ from effect_ledger.http.telemetry import RequestTelemetry, request_id_from
 
 @pytest.mark.parametrize(
     ("given", "kept"),
-    [(b"abc-123", True), (b"A" * 128, True), (b"A" * 129, False), (b"a b", False), (b"x\x00y", False),
-     (b"caf\xc3\xa9", False), (b"", False), (b"trace:01/span=2+3@host_4.5", True)],
+    [
+        (b"abc-123", True),
+        (b"A" * 128, True),
+        (b"A" * 129, False),
+        (b"a b", False),
+        (b"x\x00y", False),
+        (b"caf\xc3\xa9", False),
+        (b"", False),
+        (b"trace:01/span=2+3@host_4.5", True),
+    ],
 )
 def test_request_ids_are_kept_only_when_short_and_plain(given: bytes, kept: bool) -> None:
     found = request_id_from([(b"content-type", b"text/plain"), (b"X-Request-ID", given)])
@@ -51,7 +59,9 @@ async def test_an_exception_that_escapes_still_gets_a_problem_answer(
     assert r.json()["code"] == "internal"
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(x["event"], x["request_id"]) for x in lines] == [
-        ("unhandled_exception", "r-500"), ("request", "r-500")]
+        ("unhandled_exception", "r-500"),
+        ("request", "r-500"),
+    ]
     assert lines[0]["exception_type"] == "RuntimeError" and "failed too" not in json.dumps(lines)
     assert (lines[1]["status"], lines[1]["code"], lines[1]["route"]) == (500, "internal", "unmatched")
 

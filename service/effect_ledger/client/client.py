@@ -167,8 +167,11 @@ class LedgerClient:
 
         With `submit`, a granted attempt is submitted in the same call (with `effect_ref`): for an
         executor that sends the effect right after its claim (API.md section 6)."""
-        body: dict[str, Any] = {"tool": tool, "tool_version": tool_version,
-                                "client_nonce": client_nonce or new_client_nonce()}
+        body: dict[str, Any] = {
+            "tool": tool,
+            "tool_version": tool_version,
+            "client_nonce": client_nonce or new_client_nonce(),
+        }
         if submit:
             body["submit"] = {"effect_ref": effect_ref}
         if intent is not _NO_INTENT:
@@ -185,7 +188,11 @@ class LedgerClient:
         return result
 
     async def submit(
-        self, operation_id: str, token: str, *, effect_ref: str | None = None,
+        self,
+        operation_id: str,
+        token: str,
+        *,
+        effect_ref: str | None = None,
         lease_seconds: int | None = None,
     ) -> OperationView:
         """pending -> submitted: call it before sending the effect."""
@@ -193,7 +200,11 @@ class LedgerClient:
         return await self._post_view(operation_id, "submit", body)
 
     async def heartbeat(
-        self, operation_id: str, token: str, *, lease_seconds: int | None = None,
+        self,
+        operation_id: str,
+        token: str,
+        *,
+        lease_seconds: int | None = None,
         retry: RetryPolicy | None = None,
     ) -> OperationView:
         """Extend the current attempt's lease to the database's now + lease_seconds."""
@@ -211,8 +222,13 @@ class LedgerClient:
         diagnostics: Diagnostics | None = None,
     ) -> OperationView:
         """Record committed (with a receipt), not_applied (with a reason) or unknown (with diagnostics)."""
-        body = {"token": token, "outcome": outcome, "receipt": receipt, "reason": reason,
-                "diagnostics": diagnostics}
+        body = {
+            "token": token,
+            "outcome": outcome,
+            "receipt": receipt,
+            "reason": reason,
+            "diagnostics": diagnostics,
+        }
         return await self._post_view(operation_id, "complete", body)
 
     async def get_operation(self, operation_id: str) -> OperationView:
@@ -248,7 +264,9 @@ class LedgerClient:
         from effect_ledger.client.executor import Effect
 
         claim_body: dict[str, Any] = {
-            "tool": tool, "tool_version": tool_version, "lease_seconds": lease_seconds,
+            "tool": tool,
+            "tool_version": tool_version,
+            "lease_seconds": lease_seconds,
         }
         if send_at_once:
             claim_body["submit"] = True

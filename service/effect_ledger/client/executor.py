@@ -193,8 +193,11 @@ class Effect:
         assert self.claim is not None
         interval = self._lease_seconds / 3
         # A heartbeat that cannot get through within one interval gives way to the next one.
-        policy = replace(self._client.retry, deadline_seconds=interval,
-                         attempt_timeout_seconds=min(self._client.retry.attempt_timeout_seconds, interval))
+        policy = replace(
+            self._client.retry,
+            deadline_seconds=interval,
+            attempt_timeout_seconds=min(self._client.retry.attempt_timeout_seconds, interval),
+        )
         while True:
             await asyncio.sleep(interval)
             try:

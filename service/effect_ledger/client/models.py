@@ -194,5 +194,3 @@ class RecoveryDecision(Struct, kw_only=True):
     action: Literal["reconcile", "stop", "retry"]
     reason: Literal["cause", "visible", "effects", "budget"] | None = None
     delay_ms: int | None = None
-
-

@@ -1,12 +1,12 @@
 """The reconciler helper: find every unknown operation and resolve it from a lookup in the effect system.
 
-    async def lookup(op: OperationView) -> Verdict:
-        found = await measurements.find(request_id=op.effect_ref)   # read-only, authorised lookup
-        if found is None:
-            return unresolved(lookup_ref=op.effect_ref)
-        return committed(Receipt(external_ref=found.id, result=found.value), lookup_ref=found.id)
+async def lookup(op: OperationView) -> Verdict:
+    found = await measurements.find(request_id=op.effect_ref)   # read-only, authorised lookup
+    if found is None:
+        return unresolved(lookup_ref=op.effect_ref)
+    return committed(Receipt(external_ref=found.id, result=found.value), lookup_ref=found.id)
 
-    report = await client.reconcile(lookup, source="measurement-service")
+report = await client.reconcile(lookup, source="measurement-service")
 """
 
 from __future__ import annotations
@@ -81,8 +81,13 @@ class ReconcileReport:
     @property
     def seen(self) -> int:
         """How many unknown operations the pass looked at."""
-        return (len(self.committed) + len(self.not_applied) + len(self.unresolved) + len(self.conflicts)
-                + len(self.failed))
+        return (
+            len(self.committed)
+            + len(self.not_applied)
+            + len(self.unresolved)
+            + len(self.conflicts)
+            + len(self.failed)
+        )
 
 
 async def reconcile_unknown(

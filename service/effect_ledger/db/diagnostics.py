@@ -38,9 +38,26 @@ async def insert_incident(conn: asyncpg.Connection, incident: Incident) -> None:
     """Insert one incident on a connection whose transaction is bound to the incident's tenant."""
     i = incident
     await conn.execute(
-        sql("insert_incident"), i.tenant, i.incident_id, i.source, i.principal, i.operation_id, i.attempt,
-        i.phase, i.cause, i.http_status, i.provider, i.provider_request_id, i.retryable_hint, i.elapsed_ms,
-        i.detail_code, i.headers, i.route, i.method, i.exception_type, i.created_at,
+        sql("insert_incident"),
+        i.tenant,
+        i.incident_id,
+        i.source,
+        i.principal,
+        i.operation_id,
+        i.attempt,
+        i.phase,
+        i.cause,
+        i.http_status,
+        i.provider,
+        i.provider_request_id,
+        i.retryable_hint,
+        i.elapsed_ms,
+        i.detail_code,
+        i.headers,
+        i.route,
+        i.method,
+        i.exception_type,
+        i.created_at,
     )
 
 
@@ -62,9 +79,22 @@ async def store_report(ledger: Ledger, incident: Incident, report: ReportKey) ->
     i = incident
     async with tenant_tx(ledger.pool, i.tenant, ledger.acquire_timeout, "diagnostics_report") as (conn, _):
         first = await conn.fetchrow(
-            sql("store_report"), i.incident_id, i.principal, report.key, report.fingerprint, i.operation_id,
-            i.attempt, i.phase, i.cause, i.http_status, i.provider, i.provider_request_id, i.retryable_hint,
-            i.elapsed_ms, i.detail_code, i.headers,
+            sql("store_report"),
+            i.incident_id,
+            i.principal,
+            report.key,
+            report.fingerprint,
+            i.operation_id,
+            i.attempt,
+            i.phase,
+            i.cause,
+            i.http_status,
+            i.provider,
+            i.provider_request_id,
+            i.retryable_hint,
+            i.elapsed_ms,
+            i.detail_code,
+            i.headers,
         )
     if first is None:  # the first report was purged between the function's two statements
         raise DatabaseUnavailable("diagnostics_report", "ReportVanished")
@@ -77,7 +107,11 @@ async def store_report(ledger: Ledger, incident: Incident, report: ReportKey) ->
 
 
 async def read_incident(
-    reader: asyncpg.Pool | None, acquire_timeout: float, tenant: str, principal: str, incident_id: str,
+    reader: asyncpg.Pool | None,
+    acquire_timeout: float,
+    tenant: str,
+    principal: str,
+    incident_id: str,
     purpose: str,
 ) -> dict[str, Any]:
     """Read one incident and append its access-log row in the same transaction (reader role)."""

@@ -141,8 +141,12 @@ class RulesDisagree(Exception):
 
 
 def _settle(
-    ledger: Ledger, call: str, row: Mapping[str, Any], decide: Callable[[Operation], Decision],
-    *, observed_as_verdict: bool = False,
+    ledger: Ledger,
+    call: str,
+    row: Mapping[str, Any],
+    decide: Callable[[Operation], Decision],
+    *,
+    observed_as_verdict: bool = False,
 ) -> Outcome:
     """The answer to a write-path call from the function's outcome and row; refusals from the domain.
     The observer hears the operation's status afterwards (claims: the verdict) or the refusal's code."""
@@ -190,9 +194,21 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
     token, material = new_material(tenant, req.operation_id, nonce)
     b = req.binding
     row = await _call(
-        ledger, "claim", "run_claim", tenant, req.operation_id, b.principal, b.tool, b.tool_version,
-        b.intent_digest, req.lease_seconds, req.nonce_hash, material.token_hash, material.sealed_token,
-        req.submit, req.effect_ref,
+        ledger,
+        "claim",
+        "run_claim",
+        tenant,
+        req.operation_id,
+        b.principal,
+        b.tool,
+        b.tool_version,
+        b.intent_digest,
+        req.lease_seconds,
+        req.nonce_hash,
+        material.token_hash,
+        material.sealed_token,
+        req.submit,
+        req.effect_ref,
     )
     verdict: str = row["outcome"]
     if verdict == "vanished":  # purged three times between our insert and our read: give up, retryable
@@ -209,7 +225,11 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
 
 
 async def submit(
-    ledger: Ledger, tenant: str, operation_id: str, token: str, effect_ref: str | None,
+    ledger: Ledger,
+    tenant: str,
+    operation_id: str,
+    token: str,
+    effect_ref: str | None,
     lease_seconds: int | None,
 ) -> Outcome:
     """pending -> submitted (a repeat while submitted changes nothing). One round trip."""
@@ -237,14 +257,28 @@ def _incident_record(incident: Incident) -> dict[str, Any]:
 
 
 async def complete(
-    ledger: Ledger, tenant: str, operation_id: str, actor: str, token: str, report: Report,
+    ledger: Ledger,
+    tenant: str,
+    operation_id: str,
+    actor: str,
+    token: str,
+    report: Report,
     incident: Incident | None = None,
 ) -> Outcome:
     """Record committed, not_applied or unknown; with diagnostics (complete(unknown)) the incident is
     stored in the same transaction, and a repeat answers with the one stored first. One round trip."""
     row = await _call(
-        ledger, "complete", "run_complete", tenant, operation_id, actor, token_hash(token), report.outcome,
-        _jcs(report.receipt), _jcs(report.reason), None if incident is None else _incident_record(incident),
+        ledger,
+        "complete",
+        "run_complete",
+        tenant,
+        operation_id,
+        actor,
+        token_hash(token),
+        report.outcome,
+        _jcs(report.receipt),
+        _jcs(report.reason),
+        None if incident is None else _incident_record(incident),
     )
     if row["outcome"] == "validation_failed":
         refusal = validation_failed([("diagnostics.attempt", "is not the operation's current attempt")])
@@ -259,8 +293,16 @@ async def complete(
 async def resolve(ledger: Ledger, tenant: str, operation_id: str, actor: str, report: Report) -> Outcome:
     """A reconciler's verdict on an unknown operation (or an unresolved look-up). One round trip."""
     row = await _call(
-        ledger, "resolve", "run_resolve", tenant, operation_id, actor, report.outcome, _jcs(report.receipt),
-        _jcs(report.reason), _jcs(report.evidence),
+        ledger,
+        "resolve",
+        "run_resolve",
+        tenant,
+        operation_id,
+        actor,
+        report.outcome,
+        _jcs(report.receipt),
+        _jcs(report.reason),
+        _jcs(report.evidence),
     )
     return _settle(ledger, "resolve", row, lambda op: decide_resolve(op, actor, report))
 
@@ -278,9 +320,16 @@ async def get_operation(ledger: Ledger, tenant: str, operation_id: str) -> Opera
 def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the API shows it (and as its hash covers it)."""
     return {
-        "seq": row["seq"], "at": format_ts(row["at"]), "kind": row["kind"], "actor": row["actor"],
-        "from_status": row["from_status"], "to_status": row["to_status"], "attempt": row["attempt"],
-        "data": row["data"], "prev_hash": row["prev_hash"], "hash": row["hash"],
+        "seq": row["seq"],
+        "at": format_ts(row["at"]),
+        "kind": row["kind"],
+        "actor": row["actor"],
+        "from_status": row["from_status"],
+        "to_status": row["to_status"],
+        "attempt": row["attempt"],
+        "data": row["data"],
+        "prev_hash": row["prev_hash"],
+        "hash": row["hash"],
     }
 
 

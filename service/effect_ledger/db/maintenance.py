@@ -163,9 +163,7 @@ async def purge_ledger_batch(
     return operations, events
 
 
-async def expire_tombstones_batch(
-    conn: asyncpg.Connection, tombstone_days: int, batch_size: int
-) -> int:
+async def expire_tombstones_batch(conn: asyncpg.Connection, tombstone_days: int, batch_size: int) -> int:
     """Delete one batch of tombstones older than tombstone_days (with any event appended to them
     since); only now does the ID vanish."""
     async with conn.transaction():

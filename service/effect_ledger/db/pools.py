@@ -113,8 +113,14 @@ class Admission:
     bounds, so a flood by one tenant fills the queue with its own requests and sheds only them.
     """
 
-    def __init__(self, name: str, capacity: int, max_waiting: int, shed_wait_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        max_waiting: int,
+        shed_wait_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.capacity = capacity
         self.max_waiting = max_waiting
@@ -202,7 +208,8 @@ class Pools:
         for name, pool in (("runtime", runtime), ("audit", audit_pool), ("reader", reader_pool)):
             if pool is not None:
                 pools.admissions[name] = Admission(
-                    name, pool.get_max_size(), settings.pool_max_waiting, shed_wait)
+                    name, pool.get_max_size(), settings.pool_max_waiting, shed_wait
+                )
                 admit(pool, pools.admissions[name])
         return pools
 
@@ -216,7 +223,12 @@ class Pools:
 
 @asynccontextmanager
 async def tenant_tx(
-    pool: asyncpg.Pool, tenant: str, acquire_timeout: float, phase: str = "transaction", *, shed: bool = True,
+    pool: asyncpg.Pool,
+    tenant: str,
+    acquire_timeout: float,
+    phase: str = "transaction",
+    *,
+    shed: bool = True,
     snapshot: bool = False,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     """A transaction bound to one tenant (RLS), with the database clock; driver failures become 503s.
@@ -234,8 +246,13 @@ async def tenant_tx(
 
 @asynccontextmanager
 async def _transaction(
-    pool: asyncpg.Pool, admission: Admission | None, tenant: str, acquire_timeout: float, phase: str,
-    span: tracing.Span, snapshot: bool = False,
+    pool: asyncpg.Pool,
+    admission: Admission | None,
+    tenant: str,
+    acquire_timeout: float,
+    phase: str,
+    span: tracing.Span,
+    snapshot: bool = False,
 ) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     options: dict[str, Any] = {"isolation": "repeatable_read", "readonly": True} if snapshot else {}
     try:

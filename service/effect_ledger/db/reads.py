@@ -59,8 +59,14 @@ def _page(rows: Sequence[T], limit: int, key: Any) -> Page[T]:
 
 
 async def list_operations(
-    ledger: Ledger, tenant: str, *, status: str | None, tool: str | None, updated_before: datetime | None,
-    after: Key | None, limit: int,
+    ledger: Ledger,
+    tenant: str,
+    *,
+    status: str | None,
+    tool: str | None,
+    updated_before: datetime | None,
+    after: Key | None,
+    limit: int,
 ) -> Page[Operation]:
     """The reconciler list, oldest first by (created_at, operation_id); status is the effective one."""
     start = after or BEFORE_ALL
@@ -88,16 +94,29 @@ async def sequence_receipts(ledger: Ledger, tenant: str) -> int:
 
 
 async def list_receipts(
-    ledger: Ledger, tenant: str, *, since: datetime | None, until: datetime | None, tool: str | None,
-    principal: str | None, after: int | None, limit: int,
+    ledger: Ledger,
+    tenant: str,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    tool: str | None,
+    principal: str | None,
+    after: int | None,
+    limit: int,
 ) -> FeedPage:
     """Committed operations after position `after`, in position order; since inclusive, until exclusive.
     Positions are handed out first, so everything committed before this call is on the feed."""
     await sequence_receipts(ledger, tenant)
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "receipts") as (conn, _):
         rows = await conn.fetch(
-            sql("list_receipts"), tenant, after or 0, since or BEFORE_ALL[0], until or END_OF_TIME,
-            tool, principal, limit + 1,
+            sql("list_receipts"),
+            tenant,
+            after or 0,
+            since or BEFORE_ALL[0],
+            until or END_OF_TIME,
+            tool,
+            principal,
+            limit + 1,
         )
     items = [(row_to_operation(r), int(r["feed_position"])) for r in rows[:limit]]
     return FeedPage(items, items[-1][1] if len(rows) > limit and items else None)
@@ -106,8 +125,11 @@ async def list_receipts(
 def access_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """An access-log row as auditors see it."""
     return {
-        "access_id": row["access_id"], "at": format_ts(row["at"]), "incident": row["incident_id"],
-        "principal": row["principal"], "purpose": row["purpose"],
+        "access_id": row["access_id"],
+        "at": format_ts(row["at"]),
+        "incident": row["incident_id"],
+        "principal": row["principal"],
+        "purpose": row["purpose"],
     }
 
 
@@ -117,8 +139,9 @@ async def list_access_log(
     """Who read which incident, when and why, oldest first by (at, access_id)."""
     start = after or BEFORE_ALL
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "access_log") as (conn, _):
-        rows = await conn.fetch(sql("list_access_log"), tenant, start[0], start[1], since or BEFORE_ALL[0],
-                                limit + 1)
+        rows = await conn.fetch(
+            sql("list_access_log"), tenant, start[0], start[1], since or BEFORE_ALL[0], limit + 1
+        )
     return _page(rows, limit, lambda row: (row["at"], row["access_id"]))
 
 

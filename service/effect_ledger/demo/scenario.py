@@ -127,8 +127,10 @@ async def run_scenario(base_url: str, tokens: dict[str, str], timeline: Timeline
         await trace.answer_b_from_receipt()
         await trace.reopen_comparison()
         await _audit(auditor, timeline)
-    timeline.expect("the measurement service ran each measurement exactly once (A: 1, B: 1)",
-                    service.executions == Counter({"A": 1, "B": 1}))
+    timeline.expect(
+        "the measurement service ran each measurement exactly once (A: 1, B: 1)",
+        service.executions == Counter({"A": 1, "B": 1}),
+    )
 
 
 def _measurement(executor: LedgerClient, prototype: str) -> Effect:
@@ -149,9 +151,14 @@ async def _measure_a(
         effect.commit(_receipt(record))
     final = effect.operation
     timeline.add(EXECUTOR, f"commit measurement-a with receipt {record['measurement_id']}", final)
-    timeline.expect("measurement-a committed on attempt 1 with its receipt",
-                    final is not None and final.status == "committed" and final.attempt == 1
-                    and final.receipt is not None and final.receipt.external_ref == "msr-a-0001")
+    timeline.expect(
+        "measurement-a committed on attempt 1 with its receipt",
+        final is not None
+        and final.status == "committed"
+        and final.attempt == 1
+        and final.receipt is not None
+        and final.receipt.external_ref == "msr-a-0001",
+    )
     return dict(record["value"])
 
 
@@ -174,9 +181,10 @@ async def _measure_b_times_out(
     incident = final.incident if final is not None else None
     timeline.add(EXECUTOR, f"no answer within {EXECUTOR_TIMEOUT_S} s after submit -> record unknown", final)
     timeline.add(EXECUTOR, f"diagnostics stored as incident {incident}")
-    timeline.expect("measurement-b timed out after submission and was recorded unknown, not not_applied",
-                    timed_out and final is not None and final.status == "unknown"
-                    and final.not_applied_reason is None)
+    timeline.expect(
+        "measurement-b timed out after submission and was recorded unknown, not not_applied",
+        timed_out and final is not None and final.status == "unknown" and final.not_applied_reason is None,
+    )
 
 
 async def _retry_b_is_refused(executor: LedgerClient, timeline: Timeline) -> None:
@@ -187,10 +195,15 @@ async def _retry_b_is_refused(executor: LedgerClient, timeline: Timeline) -> Non
             body_ran = True
     except OutcomeUnknown as exc:
         refused = exc
-    timeline.add(EXECUTOR, "retry measurement-b -> refused: 409 outcome_unknown",
-                 refused.operation if refused else None)
-    timeline.expect("the retry of measurement-b was refused with outcome_unknown and did not run",
-                    refused is not None and refused.code == "outcome_unknown" and not body_ran)
+    timeline.add(
+        EXECUTOR,
+        "retry measurement-b -> refused: 409 outcome_unknown",
+        refused.operation if refused else None,
+    )
+    timeline.expect(
+        "the retry of measurement-b was refused with outcome_unknown and did not run",
+        refused is not None and refused.code == "outcome_unknown" and not body_ran,
+    )
 
 
 async def _reconcile(reconciler: LedgerClient, service: MeasurementService, timeline: Timeline) -> None:
@@ -210,10 +223,14 @@ async def _reconcile(reconciler: LedgerClient, service: MeasurementService, time
     report = await reconciler.reconcile(lookup, source="measurement-service")
     view = await reconciler.get_operation("measurement-b")
     timeline.add(RECONCILER, "resolve measurement-b as committed, from that evidence", view)
-    timeline.expect("the reconciler found exactly measurement-b unknown and resolved it as committed",
-                    [op.operation_id for op in unknown] == ["measurement-b"]
-                    and report.committed == ["measurement-b"] and report.seen == 1
-                    and view.status == "committed" and view.resolved_by == RECONCILER)
+    timeline.expect(
+        "the reconciler found exactly measurement-b unknown and resolved it as committed",
+        [op.operation_id for op in unknown] == ["measurement-b"]
+        and report.committed == ["measurement-b"]
+        and report.seen == 1
+        and view.status == "committed"
+        and view.resolved_by == RECONCILER,
+    )
 
 
 async def _claim_b_again(executor: LedgerClient, timeline: Timeline) -> None:
@@ -224,9 +241,13 @@ async def _claim_b_again(executor: LedgerClient, timeline: Timeline) -> None:
         receipt = effect.receipt
     reused = receipt.external_ref if receipt is not None else None
     timeline.add(EXECUTOR, f"claim measurement-b again -> reuse_receipt {reused}", effect.operation)
-    timeline.expect("claiming measurement-b again returned the reconciled receipt without measuring",
-                    receipt is not None and receipt.external_ref == "msr-b-0001"
-                    and receipt.recorded_by == RECONCILER and not body_measured)
+    timeline.expect(
+        "claiming measurement-b again returned the reconciled receipt without measuring",
+        receipt is not None
+        and receipt.external_ref == "msr-b-0001"
+        and receipt.recorded_by == RECONCILER
+        and not body_measured,
+    )
 
 
 async def _audit(auditor: LedgerClient, timeline: Timeline) -> None:
@@ -241,9 +262,15 @@ async def _audit(auditor: LedgerClient, timeline: Timeline) -> None:
         intact = verdict.ok and verdict.first_bad_seq is None and verdict.checked == len(events)
         chains_ok = chains_ok and intact
         if operation_id == "measurement-b":
-            timeline.expect("measurement-b's events: claimed, submitted, completed (unknown), resolved",
-                            [(e.kind, e.to_status) for e in events] == [
-                                ("claimed", "pending"), ("submitted", "submitted"),
-                                ("completed", "unknown"), ("resolved", "committed")])
+            timeline.expect(
+                "measurement-b's events: claimed, submitted, completed (unknown), resolved",
+                [(e.kind, e.to_status) for e in events]
+                == [
+                    ("claimed", "pending"),
+                    ("submitted", "submitted"),
+                    ("completed", "unknown"),
+                    ("resolved", "committed"),
+                ],
+            )
         timeline.expect(f"{operation_id} stayed on attempt 1", view.attempt == 1)
     timeline.expect("the auditor verified both hash chains", chains_ok)

@@ -78,14 +78,20 @@ def demo_database(settings: Settings) -> Iterator[Database]:
 async def running_service(database_url: str, jwt_secret: str) -> AsyncIterator[str]:
     """The service on a free loopback port in this event loop; yields its base URL."""
     settings = Settings(
-        database_url=database_url, jwt_secret=jwt_secret, jwt_algorithm="HS256",
+        database_url=database_url,
+        jwt_secret=jwt_secret,
+        jwt_algorithm="HS256",
         background_sweep=False,  # the demo shows the executor's own unknown report, not the sweeper's
         log_level="warning",  # the timeline is the demo's output; request logs would drown it
     )
     port = _free_port()
     config = uvicorn.Config(
-        create_app(settings, jwt_secret=jwt_secret), host="127.0.0.1", port=port,
-        log_level="warning", lifespan="on", access_log=False,
+        create_app(settings, jwt_secret=jwt_secret),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -25,8 +25,17 @@ Source = Literal["report", "error", "outcome"]
 
 # The fields a caller may report, in contract order; nothing else ever reaches the table.
 REPORT_FIELDS: Final = (
-    "operation_id", "attempt", "phase", "cause", "http_status", "provider", "provider_request_id",
-    "retryable_hint", "elapsed_ms", "detail_code", "headers",
+    "operation_id",
+    "attempt",
+    "phase",
+    "cause",
+    "http_status",
+    "provider",
+    "provider_request_id",
+    "retryable_hint",
+    "elapsed_ms",
+    "detail_code",
+    "headers",
 )
 # Header names worth keeping for diagnosis: none of them ever carries a credential by design.
 ALLOWED_HEADERS: Final = frozenset({"retry-after", "request-id", "x-request-id"})

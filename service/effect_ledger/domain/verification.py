@@ -23,7 +23,10 @@ class ChainVerdict:
 
 
 def verify_chain(
-    events: Sequence[Mapping[str, Any]], status: str, attempt: int, base_seq: int = 0,
+    events: Sequence[Mapping[str, Any]],
+    status: str,
+    attempt: int,
+    base_seq: int = 0,
     base_hash: str = GENESIS_HASH,
 ) -> ChainVerdict:
     """Recompute every link; then the head must record the row's status and attempt.

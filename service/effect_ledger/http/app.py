@@ -41,9 +41,18 @@ from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
 from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
 
-ROUTES: list[Any] = [ExecutorController, livez, readyz, RecoveryController, DiagnosticsController,
-                     ReconcilerController, AuditController, JournalController, metrics_endpoint,
-                     *CONSOLE_ROUTES]
+ROUTES: list[Any] = [
+    ExecutorController,
+    livez,
+    readyz,
+    RecoveryController,
+    DiagnosticsController,
+    ReconcilerController,
+    AuditController,
+    JournalController,
+    metrics_endpoint,
+    *CONSOLE_ROUTES,
+]
 
 
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
@@ -76,8 +85,12 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         exception_handlers=console_aware(EXCEPTION_HANDLERS),  # console paths answer with pages
         template_config=template_config(),
         # the spool needs the pools: after `lifespan`; sweep and purge use their own owner connection
-        lifespan=[lifespan, incident_spool, lambda _: background_maintenance(settings, metrics),
-                  lambda _: watch_backlog(settings, metrics.observe_backlog)],
+        lifespan=[
+            lifespan,
+            incident_spool,
+            lambda _: background_maintenance(settings, metrics),
+            lambda _: watch_backlog(settings, metrics.observe_backlog),
+        ],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="effect-ledger",

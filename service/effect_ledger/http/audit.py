@@ -53,13 +53,21 @@ class AuditController(Controller):
         page_size = q.limit(limit)
         q.check()
         page = await reads.list_receipts(
-            audit_ledger_of(request), caller_of(request).tenant, since=start, until=end, tool=tool_name,
-            principal=who, after=from_cursor or from_after, limit=page_size,
+            audit_ledger_of(request),
+            caller_of(request).tenant,
+            since=start,
+            until=end,
+            tool=tool_name,
+            principal=who,
+            after=from_cursor or from_after,
+            limit=page_size,
         )
-        return Response({
-            "items": [{**operation_view(op), "position": format_position(pos)} for op, pos in page.items],
-            "next_cursor": None if page.next_after is None else format_position(page.next_after),
-        })
+        return Response(
+            {
+                "items": [{**operation_view(op), "position": format_position(pos)} for op, pos in page.items],
+                "next_cursor": None if page.next_after is None else format_position(page.next_after),
+            }
+        )
 
     @get("/audit/verify", guards=[requires(AUDIT)])
     async def verify(
@@ -74,10 +82,14 @@ class AuditController(Controller):
             body = {"ok": verdict.ok, "checked": verdict.checked, "first_bad_seq": verdict.first_bad_seq}
             return Response(body)
         whole = await reads.verify_tenant(ledger, tenant)
-        return Response({
-            "ok": whole.first_bad_seq is None, "checked": whole.checked, "first_bad_seq": whole.first_bad_seq,
-            "first_bad_operation_id": whole.first_bad_operation_id,
-        })
+        return Response(
+            {
+                "ok": whole.first_bad_seq is None,
+                "checked": whole.checked,
+                "first_bad_seq": whole.first_bad_seq,
+                "first_bad_operation_id": whole.first_bad_operation_id,
+            }
+        )
 
     @get("/diagnostics/access-log", guards=[requires(AUDIT)])
     async def access_log(
@@ -94,7 +106,9 @@ class AuditController(Controller):
         page = await reads.list_access_log(
             audit_ledger_of(request), caller_of(request).tenant, since=start, after=after, limit=page_size
         )
-        return Response({
-            "items": [reads.access_view(row) for row in page.items],
-            "next_cursor": encode_cursor(ACCESS_CURSOR, page.next_key),
-        })
+        return Response(
+            {
+                "items": [reads.access_view(row) for row in page.items],
+                "next_cursor": encode_cursor(ACCESS_CURSOR, page.next_key),
+            }
+        )

@@ -181,13 +181,23 @@ def requires(*scopes: str) -> Guard:
 
 
 def mint_token(
-    secret: str, tenant: str, subject: str, scope: str, settings: Settings, ttl_seconds: int = 3600,
+    secret: str,
+    tenant: str,
+    subject: str,
+    scope: str,
+    settings: Settings,
+    ttl_seconds: int = 3600,
     now: int | None = None,
 ) -> str:
     """A development HS256 token with the claims the service requires."""
     issued = int(time.time()) if now is None else now
     claims = {
-        "sub": subject, "tenant": tenant, "scope": scope, "iat": issued, "exp": issued + ttl_seconds,
-        "aud": settings.jwt_audience, "iss": settings.jwt_issuer,
+        "sub": subject,
+        "tenant": tenant,
+        "scope": scope,
+        "iat": issued,
+        "exp": issued + ttl_seconds,
+        "aud": settings.jwt_audience,
+        "iss": settings.jwt_issuer,
     }
     return jwt.encode(claims, secret, algorithm="HS256")

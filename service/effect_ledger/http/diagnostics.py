@@ -43,7 +43,10 @@ def incident_from_body(
     values["headers"] = normalise_headers(values.get("headers"), f"{field}headers")
     screen(values, field)
     incident = Incident(
-        tenant=caller.tenant, incident_id=new_incident_id(), source=source, principal=caller.principal,
+        tenant=caller.tenant,
+        incident_id=new_incident_id(),
+        source=source,
+        principal=caller.principal,
         **values,
     )
     return incident, None if report_id is None else report_key(report_id, values)

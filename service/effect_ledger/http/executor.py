@@ -116,9 +116,17 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
         caller = caller_of(request)
-        return answer(await repo.submit(
-            ledger_of(request), caller.tenant, operation_id, data.token, data.effect_ref, data.lease_seconds,
-        ), caller)
+        return answer(
+            await repo.submit(
+                ledger_of(request),
+                caller.tenant,
+                operation_id,
+                data.token,
+                data.effect_ref,
+                data.lease_seconds,
+            ),
+            caller,
+        )
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
@@ -126,9 +134,12 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
         caller = caller_of(request)
-        return answer(await repo.heartbeat(
-            ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
-        ), caller)
+        return answer(
+            await repo.heartbeat(
+                ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
+            ),
+            caller,
+        )
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
@@ -144,9 +155,18 @@ class ExecutorController(Controller):
             reason_content(data.reason, data.outcome),
             incident=None if incident is None else incident.incident_id,
         )
-        return answer(await repo.complete(
-            ledger_of(request), caller.tenant, operation_id, caller.principal, data.token, report, incident
-        ), caller)
+        return answer(
+            await repo.complete(
+                ledger_of(request),
+                caller.tenant,
+                operation_id,
+                caller.principal,
+                data.token,
+                report,
+                incident,
+            ),
+            caller,
+        )
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:

@@ -40,8 +40,13 @@ async def store_incident(app_state: Any, incident: Incident) -> None:
     spool's flusher writes one incident at a time instead of one more write per refused request.
     """
     log.error(
-        "incident", incident=incident.incident_id, exception_type=incident.exception_type,
-        phase=incident.phase, status=incident.http_status, route=incident.route, method=incident.method,
+        "incident",
+        incident=incident.incident_id,
+        exception_type=incident.exception_type,
+        phase=incident.phase,
+        status=incident.http_status,
+        route=incident.route,
+        method=incident.method,
     )
     recorder: IncidentRecorder | None = getattr(app_state, "incidents", None)
     if recorder is None:

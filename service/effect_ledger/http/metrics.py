@@ -59,9 +59,16 @@ SHED_REASONS = ("queue", "wait")
 POOLS = ("runtime", "audit", "reader")
 # Every status change the state machine allows; exported from the start so rates never lack a series.
 TRANSITIONS = (
-    ("none", "pending"), ("pending", "submitted"), ("pending", "committed"), ("pending", "not_applied"),
-    ("submitted", "committed"), ("submitted", "not_applied"), ("submitted", "unknown"),
-    ("unknown", "committed"), ("unknown", "not_applied"), ("not_applied", "pending"),
+    ("none", "pending"),
+    ("pending", "submitted"),
+    ("pending", "committed"),
+    ("pending", "not_applied"),
+    ("submitted", "committed"),
+    ("submitted", "not_applied"),
+    ("submitted", "unknown"),
+    ("unknown", "committed"),
+    ("unknown", "not_applied"),
+    ("not_applied", "pending"),
 )
 RECONCILIATIONS = ("committed", "not_applied", "unresolved", "conflicting")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -99,71 +106,119 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.claims = Counter(
-            "effect_ledger_claims", "Claims answered, by result.", ["result"], registry=r)
+        self.claims = Counter("effect_ledger_claims", "Claims answered, by result.", ["result"], registry=r)
         self.transitions = Counter(
-            "effect_ledger_transitions", "Status changes recorded, by from and to status.",
-            ["from_status", "to_status"], registry=r)
+            "effect_ledger_transitions",
+            "Status changes recorded, by from and to status.",
+            ["from_status", "to_status"],
+            registry=r,
+        )
         self.unknown_recorded = Counter(
             "effect_ledger_unknown_outcomes_recorded",
             "Operations that became unknown: reported by the executor, or a submitted lease that expired.",
-            ["cause"], registry=r)
+            ["cause"],
+            registry=r,
+        )
         self.unknown_resolved = Counter(
             "effect_ledger_unknown_outcomes_resolved",
             "Unknown operations settled (by a reconciler or a late executor report), by outcome.",
-            ["outcome"], registry=r)
+            ["outcome"],
+            registry=r,
+        )
         self.reconciliations = Counter(
-            "effect_ledger_reconciliations", "Reconciler verdicts recorded, by outcome.",
-            ["outcome"], registry=r)
+            "effect_ledger_reconciliations",
+            "Reconciler verdicts recorded, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
         self.lease_expiries = Counter(
             "effect_ledger_lease_expiries",
             "Submitted leases materialised as expired (unknown), by the sweeper or by a later transition.",
-            ["via"], registry=r)
+            ["via"],
+            registry=r,
+        )
         self.refusals = Counter(
             "effect_ledger_refusals",
             "Transitions refused (stale_claim, invalid_transition...), by call and problem code.",
-            ["call", "code"], registry=r)
+            ["call", "code"],
+            registry=r,
+        )
         self.claim_attempts = Counter(
             "effect_ledger_claim_attempts",
             "Claims by attempt (first: a new operation; retry: any other claim of a known ID) and result.",
-            ["attempt", "result"], registry=r)
+            ["attempt", "result"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "effect_ledger_rate_limited",
-            "Requests refused with 429 rate_limited, by route template.", ["route"], registry=r)
+            "Requests refused with 429 rate_limited, by route template.",
+            ["route"],
+            registry=r,
+        )
         self.rate_limit_overflow = Counter(
             "effect_ledger_rate_limit_overflow",
-            "Requests admitted unchecked because the shared bucket table had no free slot.", registry=r)
+            "Requests admitted unchecked because the shared bucket table had no free slot.",
+            registry=r,
+        )
         self.shed = Counter(
             "effect_ledger_db_pool_shed",
             "Requests refused with 503 before queueing for a connection, by pool and reason (queue, wait).",
-            ["pool", "reason"], registry=r)
+            ["pool", "reason"],
+            registry=r,
+        )
         self.pool_waiting = Gauge(
-            "effect_ledger_db_pool_waiting", "Requests queued for a connection, by pool.",
-            ["pool"], registry=r, multiprocess_mode="livesum")
+            "effect_ledger_db_pool_waiting",
+            "Requests queued for a connection, by pool.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.unknown_waiting = Gauge(
             "effect_ledger_unknown_outcomes_waiting",
             "Unknown outcomes (expired submitted included) waiting for reconciliation, all tenants.",
-            registry=r, multiprocess_mode="max")
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.unknown_oldest = Gauge(
             "effect_ledger_unknown_outcome_oldest_age_seconds",
             "How long the oldest unknown outcome has waited for reconciliation.",
-            registry=r, multiprocess_mode="max")
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.purge_overdue = Gauge(
             "effect_ledger_purge_overdue_seconds",
             "How far past its retention the oldest purgeable operation is (0: purge keeps up).",
-            registry=r, multiprocess_mode="max")
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.requests = Histogram(
             "effect_ledger_http_request_duration_seconds",
             "HTTP requests, by route template, method and status class.",
-            ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=r)
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.pool_connections = Gauge(
-            "effect_ledger_db_pool_connections", "Database pool connections, by pool and state.",
-            ["pool", "state"], registry=r, multiprocess_mode="livesum")
+            "effect_ledger_db_pool_connections",
+            "Database pool connections, by pool and state.",
+            ["pool", "state"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.pool_max = Gauge(
-            "effect_ledger_db_pool_max_connections", "Database pool capacity, by pool.",
-            ["pool"], registry=r, multiprocess_mode="livesum")
-        build = Gauge("effect_ledger_build_info", "The running version.", ["version"], registry=r,
-                      multiprocess_mode="max")
+            "effect_ledger_db_pool_max_connections",
+            "Database pool capacity, by pool.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        build = Gauge(
+            "effect_ledger_build_info",
+            "The running version.",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         build.labels(__version__).set(1)
         for result in CLAIM_RESULTS.values():
             self.claims.labels(result)

@@ -143,8 +143,13 @@ def parse_overrides(raw: str | None) -> dict[str, Limit]:
 class RateLimiter:
     """Decides, per verified caller, whether a request may proceed."""
 
-    def __init__(self, default: Limit, overrides: Mapping[str, Limit], store: BucketStore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        default: Limit,
+        overrides: Mapping[str, Limit],
+        store: BucketStore,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.default = default
         self.overrides = dict(overrides)
         self.store = store
@@ -156,7 +161,8 @@ class RateLimiter:
         default = Limit(float(settings.rate_limit_per_second), float(settings.rate_limit_burst))
         store: BucketStore = (
             SharedStore(Path(settings.rate_limit_store), on_overflow)
-            if settings.rate_limit_store else MemoryStore()
+            if settings.rate_limit_store
+            else MemoryStore()
         )
         return cls(default, parse_overrides(settings.rate_limit_overrides), store)
 
@@ -168,7 +174,8 @@ class RateLimiter:
         retry_after = self.store.take(bucket_key(tenant, principal), limit, self.clock())
         if retry_after is not None:
             raise LedgerError(
-                "rate_limited", "Too many requests for this tenant and principal; retry later.",
+                "rate_limited",
+                "Too many requests for this tenant and principal; retry later.",
                 retry_after=retry_after,
             )
 

@@ -101,13 +101,20 @@ class ReconcilerController(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         page = await reads.list_operations(
-            audit_ledger_of(request), caller_of(request).tenant, status=wanted, tool=tool_name,
-            updated_before=before, after=after, limit=page_size,
+            audit_ledger_of(request),
+            caller_of(request).tenant,
+            status=wanted,
+            tool=tool_name,
+            updated_before=before,
+            after=after,
+            limit=page_size,
         )
-        return Response({
-            "items": [operation_view(op) for op in page.items],
-            "next_cursor": encode_cursor(LIST_CURSOR, page.next_key),
-        })
+        return Response(
+            {
+                "items": [operation_view(op) for op in page.items],
+                "next_cursor": encode_cursor(LIST_CURSOR, page.next_key),
+            }
+        )
 
     @post("/{operation_id:str}/resolve", guards=[requires(RECONCILE)], status_code=200, **strict(ResolveBody))
     async def resolve(

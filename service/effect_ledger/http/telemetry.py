@@ -76,9 +76,16 @@ class LedgerTelemetry:
 
 # What the caller may now know about the effect (the seed's "effect knowledge"), by status or verdict.
 EFFECT_KNOWLEDGE = {
-    "pending": "none", "not_applied": "none", "created": "none", "new_attempt": "none", "replay": "none",
-    "submitted": "unknown", "unknown": "unknown", "outcome_unknown": "unknown",
-    "committed": "committed", "reuse_receipt": "committed",
+    "pending": "none",
+    "not_applied": "none",
+    "created": "none",
+    "new_attempt": "none",
+    "replay": "none",
+    "submitted": "unknown",
+    "unknown": "unknown",
+    "outcome_unknown": "unknown",
+    "committed": "committed",
+    "reuse_receipt": "committed",
 }
 
 
@@ -134,8 +141,10 @@ class RequestTelemetry:
         method = str(scope.get("method", ""))
         method = method if method in METHODS else "other"
         # outcome=None first, so that the value a handler binds is reset with request_id afterwards.
-        with structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None), \
-                tracing.server_span(method, _trace_headers(scope)) as span:
+        with (
+            structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None),
+            tracing.server_span(method, _trace_headers(scope)) as span,
+        ):
             try:
                 await self.app(scope, receive, send_with_id)
             except Exception as exc:
@@ -207,8 +216,14 @@ def _problem_code(exchange: _Exchange) -> str | None:
 
 async def _send_internal_error(send: Send) -> None:
     body = msgspec.json.encode(problem_body(LedgerError("internal", "An internal error occurred.")))
-    await send({
-        "type": "http.response.start", "status": 500,
-        "headers": [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 500,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})

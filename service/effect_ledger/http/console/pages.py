@@ -214,15 +214,17 @@ class ConsolePages(Controller):
             "Operations",
             q,
             filters,
-            lambda: operations_page(reads.list_operations(
-                ledger_of(request),
-                session.caller.tenant,
-                status=wanted,
-                tool=tool_name,
-                updated_before=before,
-                after=after,
-                limit=int(PAGE_SIZE),
-            )),
+            lambda: operations_page(
+                reads.list_operations(
+                    ledger_of(request),
+                    session.caller.tenant,
+                    status=wanted,
+                    tool=tool_name,
+                    updated_before=before,
+                    after=after,
+                    limit=int(PAGE_SIZE),
+                )
+            ),
             statuses=STATUSES,
         )
 
@@ -271,16 +273,18 @@ class ConsolePages(Controller):
             "Receipts",
             q,
             filters,
-            lambda: receipts_page(reads.list_receipts(
-                ledger_of(request),
-                session.caller.tenant,
-                since=start,
-                until=end,
-                tool=tool_name,
-                principal=who,
-                after=after,
-                limit=int(PAGE_SIZE),
-            )),
+            lambda: receipts_page(
+                reads.list_receipts(
+                    ledger_of(request),
+                    session.caller.tenant,
+                    since=start,
+                    until=end,
+                    tool=tool_name,
+                    principal=who,
+                    after=after,
+                    limit=int(PAGE_SIZE),
+                )
+            ),
         )
 
     @get("/access-log")
