@@ -25,31 +25,13 @@ from effect_ledger.http.auth import ALL_SCOPES
 from effect_ledger.settings import Settings
 from support.auth import token
 from support.harness import LONG, TOKEN_TTL_SECONDS, scale, scenario, timeout
+from support.ledger import VIEW_KEYS
 from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
 
 EXAMPLES = scale(1000, 6000)
 
-VIEW_KEYS = {
-    "operation_id",
-    "principal",
-    "tool",
-    "tool_version",
-    "intent_digest",
-    "status",
-    "attempt",
-    "lease_expires_at",
-    "lease_expired",
-    "effect_ref",
-    "receipt",
-    "not_applied_reason",
-    "created_at",
-    "updated_at",
-    "submitted_at",
-    "resolved_at",
-    "resolved_by",
-}
 # one token per scope, and a token of another tenant; half of the cases carry every scope
 FULL = token("t1", "fuzz-1", ttl=TOKEN_TTL_SECONDS)
 TOKENS = [

@@ -12,7 +12,7 @@ import pytest
 from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.settings import Settings
 from support.auth import auth
-from support.ledger import CLAIM, claim, expire_lease
+from support.ledger import CLAIM, VIEW_KEYS, claim, expire_lease
 from support.ledger import call as post
 from support.ledger import count_events as event_count
 
@@ -41,25 +41,7 @@ async def test_new_id_is_granted_with_location_and_token(client: httpx.AsyncClie
     assert op["intent_digest"] == intent_digest(CLAIM["intent"])
     assert op["lease_expires_at"] == body["claim"]["lease_expires_at"]
     assert op["lease_expired"] is False and op["receipt"] is None
-    assert set(op) == {
-        "operation_id",
-        "principal",
-        "tool",
-        "tool_version",
-        "intent_digest",
-        "status",
-        "attempt",
-        "lease_expires_at",
-        "lease_expired",
-        "effect_ref",
-        "receipt",
-        "not_applied_reason",
-        "created_at",
-        "updated_at",
-        "submitted_at",
-        "resolved_at",
-        "resolved_by",
-    }
+    assert set(op) == VIEW_KEYS
 
 
 async def test_binding_mismatch_is_422_before_anything_else(client: httpx.AsyncClient) -> None:

@@ -244,3 +244,27 @@ async def seed(conn: asyncpg.Connection, rows: Iterable[Seed], *, copy: bool = T
     await conn.executemany(
         f"INSERT INTO ledger.operations ({', '.join(SEED_COLUMNS)}) VALUES ({placeholders})", records
     )
+
+
+# The members of the operation view (docs/api.md section 5), as every operation answer carries them.
+VIEW_KEYS = frozenset(
+    {
+        "operation_id",
+        "principal",
+        "tool",
+        "tool_version",
+        "intent_digest",
+        "status",
+        "attempt",
+        "lease_expires_at",
+        "lease_expired",
+        "effect_ref",
+        "receipt",
+        "not_applied_reason",
+        "created_at",
+        "updated_at",
+        "submitted_at",
+        "resolved_at",
+        "resolved_by",
+    }
+)
