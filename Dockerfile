@@ -27,6 +27,7 @@ WORKDIR /src
 # Metadata first so the dependency layer is reused while only sources change.
 COPY pyproject.toml README.md ./
 COPY service/ service/
+COPY alembic/ alembic/
 RUN pip install --no-cache-dir . \
     && pip uninstall -y pip setuptools wheel
 

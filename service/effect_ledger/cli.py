@@ -24,7 +24,7 @@ class Command:
     handler: str  # "module:function", imported only when the subcommand runs
     flags: str | None = None  # "module:function" that adds the subcommand's own flags to its parser
     setting_flags: bool = True  # every setting as a flag (--port, --database-url, ...)
-    extra: str | None = None  # the optional dependencies it needs: pip install 'effect-ledger[<extra>]'
+    install: str | None = None  # how to install the optional part it needs, when that is absent
 
 
 COMMANDS: dict[str, Command] = {
@@ -64,11 +64,11 @@ COMMANDS: dict[str, Command] = {
         setting_flags=False,
     ),
     "bench": Command(
-        "measure effect cycles against the PostgreSQL limit (package effect_ledger_bench, extra [bench])",
+        "measure effect cycles against the PostgreSQL limit (distribution effect-ledger-bench, ./bench)",
         "effect_ledger_bench.command:bench_command",
         flags="effect_ledger_bench.command:add_bench_flags",
         setting_flags=False,
-        extra="bench",
+        install="pip install effect-ledger-bench (./bench in the repository)",
     ),
 }
 
@@ -100,8 +100,6 @@ def _exit_quietly(signum: int, frame: object) -> None:
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
-    import uvicorn
-
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
     from effect_ledger.runtime import database, export_settings, shared_rate_limits, with_jwt_secret
@@ -124,6 +122,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             if ready.http_server == "granian":
                 _serve_granian(ready)
             else:
+                import uvicorn  # the extra effect-ledger[uvicorn]; granian is the default server
+
                 uvicorn.run(
                     "effect_ledger.http.app:app_from_env",
                     factory=True,
@@ -268,10 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler: Handler = _load(entry.handler)
     except ModuleNotFoundError as missing:
-        if entry.extra is None:
+        if entry.install is None:
             raise
-        install = f"pip install 'effect-ledger[{entry.extra}]'"
-        print(f"effect-ledger {args.command} needs {missing.name}: {install}", file=sys.stderr)
+        print(f"effect-ledger {args.command} needs {missing.name}: {entry.install}", file=sys.stderr)
         return 2
     try:
         settings = _settings(args)
@@ -280,7 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in bad.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    return handler(args, settings)
+    from effect_ledger.db.embedded import EmbeddedMissing
+
+    try:
+        return handler(args, settings)
+    except EmbeddedMissing as missing:
+        print(f"effect-ledger {args.command}: {missing}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

