@@ -72,13 +72,26 @@ def replay(view: OperationView) -> CallToolResult:
             document["structuredContent"] = stored["structuredContent"]
         return CallToolResult.model_validate(document)
     # Committed, but the receipt keeps only the result's digest (over 16 KiB, or purged by retention).
+    # An isError answer, because a result without the tool's structured content would break its
+    # output schema; the code and the text say it ran, so the model must not call it again.
     digest = view.receipt.result_digest if view.receipt is not None else view.receipt_digest
     text = (
         "effect-ledger: this call already ran and its effect is committed; the stored receipt keeps "
         f"only the result's digest ({digest}), so the result itself cannot be shown again. Do not call "
         f"it again. [operation {view.operation_id}]"
     )
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=False, _meta=meta)
+    structured = {
+        "code": "committed_result_not_stored",
+        "operation_id": view.operation_id,
+        "retry": False,
+        "result_digest": digest,
+    }
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)],
+        structured_content=structured,
+        is_error=True,
+        _meta=meta,
+    )
 
 
 def view_result(view: OperationView) -> CallToolResult:

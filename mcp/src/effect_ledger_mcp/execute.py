@@ -28,6 +28,8 @@ from effect_ledger.client import (
     NotAppliedReason,
     OperationView,
     Receipt,
+    SensitiveValueRejected,
+    ValidationFailed,
 )
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json
 from effect_ledger_mcp import answers
@@ -208,8 +210,9 @@ class Executor:
 
     @staticmethod
     def _diagnostics(call: WrappedCall, cause: str, detail: str, elapsed_ms: int | None) -> Diagnostics:
+        # No operation_id here: the complete call names the operation, and a derived ID (48 hex) is
+        # the shape of an API key, which the ledger's diagnostics screening refuses.
         return Diagnostics(
-            operation_id=call.identity.operation_id,
             phase="tool_execution",
             cause=cause,
             provider=call.server.name[:100],
@@ -233,7 +236,7 @@ class Executor:
         If the write is lost (the ledger went away), the operation stays submitted and its lease
         expiry makes it unknown: never executable again, reconciled instead."""
         task = asyncio.ensure_future(
-            self.ledger.complete(
+            self._complete(
                 operation_id, token, outcome, receipt=receipt, reason=reason, diagnostics=diagnostics
             )
         )
@@ -251,3 +254,23 @@ class Executor:
             )
             return status_if_lost
         return view.status
+
+    async def _complete(
+        self,
+        operation_id: str,
+        token: str,
+        outcome: str,
+        *,
+        receipt: Receipt | None,
+        reason: NotAppliedReason | None,
+        diagnostics: Diagnostics | None,
+    ) -> OperationView:
+        try:
+            return await self.ledger.complete(
+                operation_id, token, outcome, receipt=receipt, reason=reason, diagnostics=diagnostics
+            )
+        except (SensitiveValueRejected, ValidationFailed):
+            if diagnostics is None:
+                raise
+            # The outcome matters more than its diagnostics: record it without them.
+            return await self.ledger.complete(operation_id, token, outcome, receipt=receipt, reason=reason)
