@@ -27,7 +27,15 @@ from mcp.client.streamable_http import streamable_http_client
 from effect_ledger_mcp.identity import OPERATION_META, REPLAYED_META
 from support import mcp_upstream
 from support.auth import token
-from support.mcp_gateway import MCP_SRC, new_tenant, operations, stdio_upstream, write_config
+from support.mcp_gateway import (
+    MCP_SRC,
+    gateway_client,
+    ledger_get,
+    new_tenant,
+    operations,
+    stdio_upstream,
+    write_config,
+)
 from support.server import Service, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,6 +128,40 @@ async def test_over_stdio_a_gateway_killed_after_forwarding_never_runs_the_call_
         assert [(op["status"], op["attempt"]) for op in slow_ops] == [("submitted", 1)]
     finally:
         kill_all(processes_mentioning(str(count_file)) + processes_mentioning(str(config)))
+
+
+async def test_an_upstream_that_drops_the_connection_mid_call_leaves_the_outcome_unknown(
+    tmp_path: Path, mcp_ledger: Service, ledger: httpx.AsyncClient
+) -> None:
+    count_file = tmp_path / "executions.jsonl"
+    try:
+        async with gateway_client(tmp_path, mcp_ledger.base_url, policy=POLICY, stdio=True) as gw:
+            call = asyncio.ensure_future(gw.call("up__slow", {"seconds": 30}))
+            await wait_for(lambda: len(gw.executions("slow")) == 1)
+            upstream = processes_mentioning(str(count_file))
+            assert len(upstream) == 1, upstream
+            os.kill(upstream[0], signal.SIGKILL)
+            dropped = await asyncio.wait_for(call, 20)
+            assert dropped.is_error is True and dropped.structured_content is not None
+            operation_id = dropped.structured_content["operation_id"]
+            assert dropped.structured_content == {
+                "code": "outcome_unknown",
+                "operation_id": operation_id,
+                "retry": False,
+            }
+            stored = await ledger_get(ledger, gw.tenant, f"/v1/operations/{operation_id}")
+            assert stored.json()["status"] == "unknown"
+            # The upstream is gone: a wrapped call is refused before any claim, and nothing runs.
+            refused = await gw.call("up__charge", {"amount": 1})
+            assert refused.structured_content is not None
+            assert (refused.structured_content["code"], refused.structured_content["reason"]) == (
+                "not_executed",
+                "upstream_gone",
+            )
+            assert [op["tool"] for op in await operations(ledger, gw.tenant)] == ["up__slow"]
+            assert len(gw.executions()) == 1
+    finally:
+        kill_all(processes_mentioning(str(count_file)))
 
 
 @contextlib.asynccontextmanager

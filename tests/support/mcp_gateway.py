@@ -114,18 +114,24 @@ async def gateway_client(
     policy: dict[str, Any] | None = None,
     tenant: str | None = None,
     run_id: str | None = "run-1",
+    stdio: bool = False,
 ) -> AsyncIterator[Harness]:
-    """The counter upstream (in process, streamable HTTP), the gateway in process, and an MCP client
-    talking JSON-RPC to it over memory streams (`mode="legacy"`: the initialize handshake)."""
+    """The counter upstream (in process over streamable HTTP, or a subprocess over stdio), the gateway
+    in process, and an MCP client talking JSON-RPC to it over memory streams (`mode="legacy"`)."""
     tenant = tenant or new_tenant()
     count_file = tmp_path / "executions.jsonl"
     async with AsyncExitStack() as stack:
-        url, upstream = await stack.enter_async_context(counter_upstream(count_file))
+        servers: dict[str, Any]
+        if stdio:
+            servers, upstream = {"up": stdio_upstream(count_file)}, None
+        else:
+            url, upstream = await stack.enter_async_context(counter_upstream(count_file))
+            servers = {"up": {"url": url}}
         path = write_config(
             tmp_path,
             ledger_url=ledger_url,
             tenant=tenant,
-            servers={"up": {"url": url}},
+            servers=servers,
             policy=policy,
             run_id=run_id,
         )
