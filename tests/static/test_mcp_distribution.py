@@ -15,7 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_client_distribution import _closure, _link_top_levels
+
+from support.distributions import closure, link_top_levels
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip"]
@@ -92,8 +93,8 @@ def test_the_gateway_wheel_needs_only_the_client_and_the_mcp_sdk(tmp_path: Path)
     )
     deps = tmp_path / "deps"
     deps.mkdir()
-    # mcp needs pyjwt[crypto]: the extra (cryptography) is not followed by _closure, so it is named here.
-    _link_top_levels(_closure(["httpx", "msgspec", "mcp", "anyio", "uvicorn", "cryptography"]), deps)
+    # mcp needs pyjwt[crypto]: the extra (cryptography) is not followed by closure, so it is named here.
+    link_top_levels(closure(["httpx", "msgspec", "mcp", "anyio", "uvicorn", "cryptography"]), deps)
     env = {"PYTHONPATH": str(deps), "PATH": "/usr/bin:/bin"}
     probe = subprocess.run(
         [str(python), "-c", PROBE], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
