@@ -57,7 +57,11 @@ def gateway_env() -> dict[str, str]:
 
 
 def gateway_command(config: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "effect_ledger_mcp", *extra[:1], "--config", str(config), *extra[1:]]
+    """The installed console script beside this interpreter (`pip install --no-deps -e ./mcp`), else the
+    module it runs."""
+    script = Path(sys.executable).with_name("effect-ledger-mcp")
+    program = [str(script)] if script.exists() else [sys.executable, "-m", "effect_ledger_mcp"]
+    return [*program, *extra[:1], "--config", str(config), *extra[1:]]
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -95,9 +99,8 @@ async def test_over_stdio_a_gateway_killed_after_forwarding_never_runs_the_call_
         servers={"up": stdio_upstream(count_file)},
         policy=POLICY,
     )
-    params = StdioServerParameters(
-        command=sys.executable, args=gateway_command(config, "serve")[1:], env=gateway_env()
-    )
+    command = gateway_command(config, "serve")
+    params = StdioServerParameters(command=command[0], args=command[1:], env=gateway_env())
     try:
         async with Client(params, mode="legacy") as client:
             names = [tool.name for tool in (await client.list_tools()).tools]

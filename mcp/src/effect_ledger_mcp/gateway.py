@@ -67,6 +67,17 @@ class TokenFile:
         return self._token
 
 
+def ledger_token(config: Config) -> Callable[[], str]:
+    """The ledger token of the current request: the host's (HTTP, `token_from_host`), else the file's."""
+    from_file = TokenFile(config.token_path())
+    use_host = config.ledger.token_from_host
+
+    def token() -> str:
+        return (HOST_TOKEN.get() if use_host else None) or from_file() or ""
+
+    return token
+
+
 @dataclass(frozen=True, kw_only=True)
 class Exposed:
     """One upstream tool as the host sees it."""
@@ -85,6 +96,7 @@ class Gateway:
         self.config = config
         self.ledger = ledger
         self.executor = Executor(ledger)
+        self._token = ledger_token(config)
         self.exposed: dict[str, Exposed] = {}
         self.denied: set[str] = set()
         for server in upstreams.values():
@@ -105,19 +117,11 @@ class Gateway:
     @staticmethod
     def ledger_client(config: Config, **kwargs: Any) -> LedgerClient:
         """The ledger client: the host's token where configured and present, else the token file."""
-        from_file = TokenFile(config.token_path())
-        use_host = config.ledger.token_from_host
-
-        def token() -> str:
-            return (HOST_TOKEN.get() if use_host else None) or from_file() or ""
-
-        return LedgerClient(config.ledger.url, token, retry=LEDGER_RETRY, **kwargs)
+        return LedgerClient(config.ledger.url, ledger_token(config), retry=LEDGER_RETRY, **kwargs)
 
     def has_token(self) -> bool:
         """Whether a ledger token is at hand for this request."""
-        if self.config.ledger.token_from_host and HOST_TOKEN.get():
-            return True
-        return TokenFile(self.config.token_path())() is not None
+        return bool(self._token())
 
     # -- tools/list ----------------------------------------------------------------------------
 
