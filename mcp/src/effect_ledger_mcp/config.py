@@ -38,6 +38,7 @@ class StdioUpstream(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     command: str
     args: list[str] = []
     env: dict[str, str] = {}
+    type: str | None = None  # some hosts' files say "stdio" here; the gateway goes by `command`
 
 
 class HttpUpstream(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -45,6 +46,9 @@ class HttpUpstream(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     url: str
     headers: dict[str, str] = {}
+    type: str | None = (
+        None  # some hosts' files say "http" or "streamable-http" here; the gateway goes by `url`
+    )
 
 
 Upstream = StdioUpstream | HttpUpstream
