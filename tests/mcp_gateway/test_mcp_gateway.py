@@ -23,6 +23,7 @@ from effect_ledger_mcp.identity import (
     RUN_ID_META,
     derive_operation_id,
 )
+from support.auth import auth
 from support.mcp_gateway import gateway_client, ledger_get, new_tenant, operations
 from support.server import Service
 
@@ -352,3 +353,43 @@ async def test_the_status_tool_shows_the_operation_view(tmp_path: Path, mcp_ledg
         assert missing.is_error is True and missing.structured_content is not None
         assert missing.structured_content["code"] == "not_found"
         assert len(gw.executions()) == 1
+
+
+async def test_a_reconciled_unknown_call_is_answered_from_the_resolution(
+    tmp_path: Path, mcp_ledger: Service, ledger: httpx.AsyncClient
+) -> None:
+    async with gateway_client(tmp_path, mcp_ledger.base_url, policy=CHARGE_POLICY) as gw:
+        reconciler = auth(tenant=gw.tenant, sub="rec-1", scope="ledger:reconcile")
+        unknown = await gw.call("up__slow", {"seconds": 3, "label": "a"})
+        other = await gw.call("up__slow", {"seconds": 3, "label": "b"})
+        committed_id = op_of(unknown)["operation_id"]
+        refused_id = op_of(other)["operation_id"]
+        evidence = {"source": "upstream-log", "lookup_ref": "job-1", "checked_at": "2026-12-01T10:00:00Z"}
+        # The tool declares an output schema, so a replayable receipt carries structuredContent too.
+        stored = {
+            "content": [{"type": "text", "text": "done (reconciled)"}],
+            "structuredContent": {"result": "done (reconciled)"},
+        }
+        resolved = await ledger.post(
+            f"/v1/operations/{committed_id}/resolve",
+            json={"outcome": "committed", "receipt": {"result": stored}, "evidence": evidence},
+            headers=reconciler,
+        )
+        assert resolved.status_code == 200, resolved.text
+        reason = {"category": "rejected", "detail_code": "never_started"}
+        resolved = await ledger.post(
+            f"/v1/operations/{refused_id}/resolve",
+            json={"outcome": "not_applied", "reason": reason, "evidence": evidence},
+            headers=reconciler,
+        )
+        assert resolved.status_code == 200, resolved.text
+        # committed by the reconciler: the next identical call is the reconciler's receipt, not a run
+        replayed = await gw.call("up__slow", {"seconds": 3, "label": "a"})
+        assert (
+            replayed.is_error is False and replayed.meta is not None and replayed.meta[REPLAYED_META] is True
+        )
+        assert replayed.content[0].text == "done (reconciled)"  # type: ignore[union-attr]
+        # not_applied: the call may run again, as attempt 2 (and it times out again here)
+        await gw.call("up__slow", {"seconds": 3, "label": "b"})
+        assert [run["arguments"]["label"] for run in gw.executions("slow")] == ["a", "b", "b"]
+        assert (await view(ledger, gw.tenant, refused_id))["attempt"] == 2

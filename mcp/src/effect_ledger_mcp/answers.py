@@ -62,11 +62,18 @@ def problem(
     )
 
 
-def replay(view: OperationView) -> CallToolResult:
-    """The stored result of a committed operation; nothing was sent upstream."""
+def replay(view: OperationView, *, structured_required: bool = False) -> CallToolResult:
+    """The stored result of a committed operation; nothing was sent upstream.
+
+    `structured_required`: the tool declares an output schema, so a stored result without its
+    structured content (a reconciler's receipt, say) cannot stand as the tool's result."""
     meta = {**operation_meta(view.operation_id, view.status), REPLAYED_META: True}
     stored = view.receipt.result if view.receipt is not None else None
-    if isinstance(stored, dict) and isinstance(stored.get("content"), list):
+    usable = isinstance(stored, dict) and isinstance(stored.get("content"), list)
+    if usable and structured_required and stored.get("structuredContent") is None:  # type: ignore[union-attr]
+        usable = False
+    if usable:
+        assert isinstance(stored, dict)
         document: dict[str, Any] = {"content": stored["content"], "isError": False, "_meta": meta}
         if stored.get("structuredContent") is not None:
             document["structuredContent"] = stored["structuredContent"]

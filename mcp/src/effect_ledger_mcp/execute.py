@@ -59,6 +59,7 @@ class WrappedCall:
     tool_version: str
     identity: Identity
     decision: Decision
+    structured_output: bool = False  # the tool declares an output schema
 
 
 def receipt_of(result: CallToolResult) -> Receipt:
@@ -135,7 +136,7 @@ class Executor:
             return answers.problem("not_executed", operation_id, retry=True, reason="ledger_unreachable")
         if claimed.action == "reuse_receipt":
             log.info("replayed operation_id=%s", operation_id)
-            return answers.replay(claimed.operation)
+            return answers.replay(claimed.operation, structured_required=call.structured_output)
         assert claimed.claim is not None
         token = claimed.claim.token
         started = time.monotonic()

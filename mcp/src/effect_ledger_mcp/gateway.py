@@ -197,6 +197,7 @@ class Gateway:
             tool_version=entry.version,
             identity=identity,
             decision=entry.decision,
+            structured_output=entry.tool.output_schema is not None,
         )
         return await self.executor.run(call)
 
