@@ -105,6 +105,7 @@ def test_the_policy_takes_an_exact_name_then_the_first_glob_in_file_order_then_t
         (b"{", "not JSON"),
         (b'{"ledger": {"url": "u"}, "mcpServers": {"a__b": {"url": "u"}}}', "not a usable server name"),
         (b'{"ledger": {"url": "u"}, "mcpServers": {"a": {"url": "u", "command": "c"}}}', "exactly one of"),
+        (b'{"ledger": {"url": "u"}, "mcpServers": {"effect_ledger": {"url": "u"}}}', "reserved"),
         (b'{"ledger": {"url": "u"}, "mcpServers": {"a": {"command": "c", "bogus": 1}}}', "bogus"),
         (
             b'{"ledger": {"url": "u"}, "mcpServers": {}, "policy": {"tools": {"*": {"mode": "maybe"}}}}',

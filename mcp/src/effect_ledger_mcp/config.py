@@ -139,6 +139,8 @@ class Config:
 
 
 def _upstream(name: str, raw: dict[str, Any]) -> Upstream:
+    if name == STATUS_TOOL.split(SEPARATOR)[0]:
+        raise ConfigError(f"mcpServers: {name!r} is reserved for the gateway's own tools")
     if not SERVER_NAME.match(name) or SEPARATOR in name:
         raise ConfigError(
             f"mcpServers: {name!r} is not a usable server name (letters, digits, '.', '-', '_', no '__')"
