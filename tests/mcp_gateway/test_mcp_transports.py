@@ -269,3 +269,45 @@ def test_an_invalid_configuration_is_refused_with_its_reason(tmp_path: Path) -> 
         gateway_command(path, "serve"), env=gateway_env(), capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 2 and "a__b" in run.stderr and "not a usable server name" in run.stderr
+
+
+async def test_over_stdio_in_the_clients_default_mode_the_answers_are_the_same(
+    tmp_path: Path, mcp_ledger: Service, ledger: httpx.AsyncClient
+) -> None:
+    """The official client's default (`mode="auto"`: the 2026-07-28 era where the server offers it)."""
+    count_file = tmp_path / "executions.jsonl"
+    tenant = new_tenant()
+    policy = {"default": "wrap", "tools": {"up__slow": {"timeout_seconds": 0.5}}}
+    config = write_config(
+        tmp_path,
+        ledger_url=mcp_ledger.base_url,
+        tenant=tenant,
+        servers={"up": stdio_upstream(count_file)},
+        policy=policy,
+    )
+    command = gateway_command(config, "serve")
+    params = StdioServerParameters(command=command[0], args=command[1:], env=gateway_env())
+    try:
+        async with Client(params) as client:
+            meta = {"effect-ledger/operation_id": "auto-mode-1"}
+            first = await client.call_tool("up__charge", {"amount": 2}, meta=meta)
+            second = await client.call_tool("up__charge", {"amount": 2}, meta=meta)
+            assert first.is_error is False and first.meta is not None
+            assert first.meta[OPERATION_META] == {"operation_id": "auto-mode-1", "status": "committed"}
+            assert second.meta is not None and second.meta[REPLAYED_META] is True
+            slow = await client.call_tool("up__slow", {"seconds": 3})
+            assert (
+                slow.structured_content is not None and slow.structured_content["code"] == "outcome_unknown"
+            )
+            assert slow.structured_content["retry"] is False
+            again = await client.call_tool("up__slow", {"seconds": 3})
+            assert again.structured_content == slow.structured_content
+        assert len(mcp_upstream.executions(count_file, "charge")) == 1
+        assert len(mcp_upstream.executions(count_file, "slow")) == 1
+        statuses = {op["operation_id"]: op["status"] for op in await operations(ledger, tenant)}
+        assert statuses["auto-mode-1"] == "committed" and sorted(statuses.values()) == [
+            "committed",
+            "unknown",
+        ]
+    finally:
+        kill_all(processes_mentioning(str(count_file)))
