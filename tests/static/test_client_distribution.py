@@ -7,7 +7,6 @@ environment, linked into a directory of their own, so nothing else of this envir
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from support.distributions import closure, link_top_levels
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = (
@@ -40,51 +41,6 @@ present = [name for name in {SERVER_ONLY!r} if importlib.util.find_spec(name) is
 print("present:", present)
 print("client from:", client.__file__)
 """
-
-
-def _requirement_names(dist: md.Distribution) -> list[str]:
-    """The names of a distribution's unconditional requirements."""
-    names = []
-    for requirement in dist.requires or []:
-        if ";" in requirement and "extra" in requirement.split(";", 1)[1]:
-            continue
-        names.append(re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0])
-    return names
-
-
-def _closure(names: list[str]) -> list[md.Distribution]:
-    """The installed distributions these names need, theirs included."""
-    seen: dict[str, md.Distribution] = {}
-    todo = list(names)
-    while todo:
-        name = todo.pop().lower().replace("_", "-")
-        if name in seen:
-            continue
-        try:
-            dist = md.distribution(name)
-        except md.PackageNotFoundError:
-            continue  # a requirement for another platform or Python version
-        seen[name] = dist
-        todo.extend(_requirement_names(dist))
-    return list(seen.values())
-
-
-def _link_top_levels(dists: list[md.Distribution], into: Path) -> None:
-    for dist in dists:
-        for file in dist.files or []:
-            top = file.parts[0]
-            if top.endswith((".dist-info", ".pth")) or top == ".." or top == "__pycache__":
-                continue
-            source = Path(str(dist.locate_file(top)))
-            target = into / top
-            if source.exists() and not target.exists():
-                target.symlink_to(source)
-        dist_info = (
-            Path(str(dist.locate_file("")))
-            / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info"
-        )
-        if dist_info.exists() and not (into / dist_info.name).exists():
-            (into / dist_info.name).symlink_to(dist_info)
 
 
 @pytest.mark.timeout(300)
@@ -144,7 +100,7 @@ def test_the_client_wheel_installs_into_an_empty_venv_without_the_server(tmp_pat
     )
     deps = tmp_path / "deps"
     deps.mkdir()
-    _link_top_levels(_closure(requires), deps)
+    link_top_levels(closure(requires), deps)
     probe = subprocess.run(
         [str(python), "-c", PROBE],
         env={"PYTHONPATH": str(deps), "PATH": "/usr/bin:/bin"},

@@ -19,12 +19,12 @@ def _run(*command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_check() -> None:
-    run = _run("ruff", "check", "--no-cache", "service", "bench", "tests")
+    run = _run("ruff", "check", "--no-cache", "service", "bench", "mcp", "tests")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 
 def test_ruff_format() -> None:
-    run = _run("ruff", "format", "--check", "--no-cache", "service", "bench", "tests")
+    run = _run("ruff", "format", "--check", "--no-cache", "service", "bench", "mcp", "tests")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 

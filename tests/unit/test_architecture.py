@@ -17,7 +17,10 @@ BENCH = ROOT / "bench" / "effect_ledger_bench"
 
 def test_layering_contracts_hold() -> None:
     lint = Path(sys.executable).with_name("lint-imports")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}  # the bench distribution, from its source
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT / "mcp" / "src")]),
+    }  # bench, MCP gateway: from source
     result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "Contracts: " in result.stdout and " broken" in result.stdout
