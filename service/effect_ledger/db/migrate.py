@@ -17,7 +17,7 @@ from effect_ledger.settings import Settings
 
 
 def migrations_dir() -> Path:
-    """The migrations inside the package: effect_ledger/migrations (in the source tree, a link to alembic/)."""
+    """The migrations inside the package: effect_ledger/migrations (a link to alembic/ in the source tree)."""
     return Path(__file__).resolve().parents[1] / "migrations"
 
 
