@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,19 @@ def ledger_client(
     return LedgerClient(
         base_url, token(tenant, sub, scope, ttl=3600), retry=retry, transport=history.transport(inner)
     )
+
+
+@asynccontextmanager
+async def executor_clients(
+    base_url: str, history: History, count: int, **options: Any
+) -> AsyncIterator[list[LedgerClient]]:
+    """`count` recorded executor clients (ledger_client's options), all closed when the block ends."""
+    clients = [ledger_client(base_url, history, **options) for _ in range(count)]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 @dataclass
