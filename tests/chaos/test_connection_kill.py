@@ -11,7 +11,7 @@ import pytest
 from support.harness import Sink, chaos_settings, read_state, scale, scenario, timeout
 from support.recording import History
 from support.server import Service
-from support.workload import executor_clients, reconcile, run_executors
+from support.workload import executor_clients, reconcile, run_beside_fault
 
 pytestmark = [pytest.mark.chaos, timeout(120, 1200)]
 
@@ -55,22 +55,15 @@ async def test_terminated_connections_leave_no_partial_writes(
             Service(chaos_settings(db_url, pool_size=6)) as service,
             executor_clients(service.base_url, history, EXECUTORS) as clients,
         ):
-            done = asyncio.Event()
-            terminator = asyncio.create_task(_terminate_connections(db_url, random.Random(3), done))
             ids = [f"term-{n}" for n in range(OPERATIONS)]
-            try:
-                tally = await run_executors(
-                    clients,
-                    sink,
-                    "t1",
-                    ids,
-                    LEASE_SECONDS,
-                    scale(100, 1100),
-                    more=lambda n: None if terminator.done() else f"term-{n}",
-                )
-            finally:
-                done.set()
-                terminated = await terminator
+            tally, terminated = await run_beside_fault(
+                clients,
+                sink,
+                ids,
+                LEASE_SECONDS,
+                scale(100, 1100),
+                lambda done: _terminate_connections(db_url, random.Random(3), done),
+            )
             # anything an executor could not finish is the reconciler's, once its lease has run out
             if await _any_open(db_url):
                 await asyncio.sleep(LEASE_SECONDS + 0.5)

@@ -12,7 +12,7 @@ from effect_ledger.domain.timefmt import parse_ts
 from support.harness import Sink, read_state, scale, scenario, timeout
 from support.processes import ServiceProcess
 from support.recording import Call, History
-from support.workload import executor_clients, reconcile, run_executors
+from support.workload import executor_clients, reconcile, run_beside_fault
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
 
@@ -82,22 +82,15 @@ async def test_service_killed_mid_request_executes_each_effect_at_most_once(
             ServiceProcess(db_url, background_sweep="true", sweep_interval_seconds=1) as service,
         ):
             ids = [f"kill-{n}" for n in range(OPERATIONS)]
-            done = asyncio.Event()
-            killer = asyncio.create_task(_kill_mid_request(service, history, rng, done))
             async with executor_clients(service.base_url, history, EXECUTORS) as clients:
-                try:
-                    tally = await run_executors(
-                        clients,
-                        sink,
-                        "t1",
-                        ids,
-                        LEASE_SECONDS,
-                        scale(110, 1300),
-                        more=lambda n: None if killer.done() else f"kill-{n}",
-                    )
-                finally:
-                    done.set()
-                    kills = await killer
+                tally, kills = await run_beside_fault(
+                    clients,
+                    sink,
+                    ids,
+                    LEASE_SECONDS,
+                    scale(110, 1300),
+                    lambda done: _kill_mid_request(service, history, rng, done),
+                )
             await asyncio.sleep(LEASE_SECONDS + 1.5)  # every abandoned lease has run out and been swept
             reconciled = await reconcile(service.base_url, history, sink)
             state = await read_state(db_url)
