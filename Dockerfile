@@ -2,8 +2,8 @@
 # effect-ledger container image.
 #
 # Two stages: the builder has compilers and pip and produces a self-contained virtual
-# environment in /opt/venv; the runtime stage copies only that venv plus the files the
-# service reads at run time (alembic/, alembic.ini, schema/). The runtime stage has no
+# environment in /opt/venv; the runtime stage copies only that venv (the migrations are inside
+# the package, effect_ledger/migrations) and schema/ for reference. The runtime stage has no
 # compiler, no build headers and no pip cache.
 #
 # Base images are pinned to a patch release. Release CI should additionally pin them by
@@ -27,7 +27,10 @@ WORKDIR /src
 # Metadata first so the dependency layer is reused while only sources change.
 COPY pyproject.toml README.md ./
 COPY service/ service/
+# service/effect_ledger/migrations is a link to ../../alembic: the wheel takes the migrations from it.
 COPY alembic/ alembic/
+# No extras: no embedded PostgreSQL (the image always has EFFECT_LEDGER_DATABASE_URL) and one HTTP
+# server, granian (uvicorn is the extra effect-ledger[uvicorn]).
 RUN pip install --no-cache-dir . \
     && pip uninstall -y pip setuptools wheel
 
@@ -57,18 +60,14 @@ RUN groupadd --system --gid 10001 effect-ledger \
 COPY --from=builder /opt/venv /opt/venv
 
 WORKDIR /app
-# Files read at run time: `effect-ledger migrate` runs the migrations in /app/alembic
-# (EFFECT_LEDGER_MIGRATIONS_DIR). The Alembic config is built in code; alembic.ini is copied
-# when the repository has one (the `[i]` glob matches nothing otherwise, and pyproject.toml
-# keeps the instruction from being empty).
-COPY pyproject.toml alembic.in[i] ./
-COPY alembic/ alembic/
+# Nothing else is read at run time: `effect-ledger migrate` finds its migrations in the installed
+# package and builds the Alembic config in code. schema/ (the DDL and the OpenAPI document) is
+# there for an operator reading the image.
 COPY schema/ schema/
 
 ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    EFFECT_LEDGER_MIGRATIONS_DIR=/app/alembic \
     EFFECT_LEDGER_HOST=0.0.0.0 \
     EFFECT_LEDGER_PORT=8000
 

@@ -10,7 +10,7 @@ with ledger.operations on Citus (0003's pattern), so an append and a projection'
 single-shard.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-30
 """
 

@@ -17,7 +17,7 @@ purged through; `TOMBSTONE_DAYS` after its last change the row itself goes. Keep
 and primary key as ever: there is no moment at which the ID is absent.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-30
 """
 

@@ -9,7 +9,7 @@ plain PostgreSQL it is exactly `set_config(name, value, true)`. It returns the d
 tenant binding stays one round trip.
 
 Revision ID: 0008
-Revises: 0005
+Revises: 0007
 Create Date: 2026-11-30
 """
 

@@ -331,7 +331,6 @@ it must be. `effect-ledger config` prints the values in effect (secrets and pass
 |---|---|---|---|---|
 {rows}
 
-Outside the settings object: `PROMETHEUS_MULTIPROC_DIR` (see the README's Metrics section),
-`EFFECT_LEDGER_MIGRATIONS_DIR` (where `alembic/` is, when not beside the sources or in `/app`), and the
+Outside the settings object: `PROMETHEUS_MULTIPROC_DIR` (see the README's Metrics section) and the
 standard `OTEL_*` variables, which switch traces on (see [overload-and-tracing.md](overload-and-tracing.md)).
 """

@@ -22,9 +22,8 @@ from schemathesis.specs.openapi.checks import (
 
 from effect_ledger.domain.errors import PROBLEMS
 from effect_ledger.http.auth import ALL_SCOPES
-from effect_ledger.settings import Settings
 from support.auth import token
-from support.harness import LONG, TOKEN_TTL_SECONDS, scale, scenario, timeout
+from support.harness import LONG, TOKEN_TTL_SECONDS, chaos_settings, scale, scenario, timeout
 from support.ledger import VIEW_KEYS
 from support.server import Service
 
@@ -138,7 +137,7 @@ async def _seed(base_url: str) -> None:
 async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
     request: pytest.FixtureRequest, db_url: str
 ) -> None:
-    config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
+    config = chaos_settings(db_url)
     seen: Counter[str] = Counter()
     found: list[str] = []
     with scenario(request, "api_fuzzing") as figures:
@@ -162,7 +161,7 @@ async def test_fuzzed_requests_never_get_a_5xx_and_errors_are_problems(
 
 
 async def test_openapi_documents_the_problem_answers(db_url: str) -> None:
-    config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
+    config = chaos_settings(db_url)
     async with Service(config) as service, service.client() as http:
         document = (await http.get("/schema/openapi.json")).json()
     claim = document["paths"]["/v1/operations/{operation_id}/claim"]["post"]["responses"]

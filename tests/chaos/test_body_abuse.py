@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from effect_ledger.settings import Settings
-from support.harness import bearer, check_ledger, read_state, scenario, timeout
+from support.harness import bearer, chaos_settings, check_ledger, read_state, scenario, timeout
 from support.recording import History, check_answers
 from support.server import Service
 
@@ -130,7 +129,7 @@ async def test_abusive_bodies_get_their_4xx_and_never_a_5xx(
     request: pytest.FixtureRequest, db_url: str
 ) -> None:
     history = History()
-    settings = Settings(database_url=db_url, background_sweep=False, log_level="warning")
+    settings = chaos_settings(db_url)
     with scenario(request, "body_abuse") as figures:
         async with (
             Service(settings) as service,
@@ -167,7 +166,7 @@ async def test_abusive_bodies_get_their_4xx_and_never_a_5xx(
 
 
 async def test_empty_body_is_a_malformed_request(db_url: str) -> None:
-    settings = Settings(database_url=db_url, background_sweep=False, log_level="warning")
+    settings = chaos_settings(db_url)
     async with Service(settings) as service, service.client() as http:
         r = await http.post("/v1/operations/empty/claim", content=b"", headers=HEADERS)
     assert r.status_code == 400 and r.json()["code"] == "malformed_request", r.text

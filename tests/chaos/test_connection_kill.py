@@ -8,20 +8,10 @@ import random
 import asyncpg
 import pytest
 
-from effect_ledger.settings import Settings
-from support.harness import (
-    Sink,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
-from support.recording import History, check_answers
+from support.harness import Sink, chaos_settings, read_state, scale, scenario, timeout
+from support.recording import History
 from support.server import Service
-from support.workload import ledger_client, reconcile, run_executors
+from support.workload import executor_clients, reconcile, run_beside_fault
 
 pytestmark = [pytest.mark.chaos, timeout(120, 1200)]
 
@@ -59,48 +49,35 @@ async def test_terminated_connections_leave_no_partial_writes(
     request: pytest.FixtureRequest, db_url: str
 ) -> None:
     history = History()
-    settings = Settings(database_url=db_url, background_sweep=False, pool_size=6, log_level="warning")
     with scenario(request, "connection_terminate") as figures:
-        async with Sink() as sink, Service(settings) as service:
-            clients = [ledger_client(service.base_url, history) for _ in range(EXECUTORS)]
-            done = asyncio.Event()
-            terminator = asyncio.create_task(_terminate_connections(db_url, random.Random(3), done))
+        async with (
+            Sink() as sink,
+            Service(chaos_settings(db_url, pool_size=6)) as service,
+            executor_clients(service.base_url, history, EXECUTORS) as clients,
+        ):
             ids = [f"term-{n}" for n in range(OPERATIONS)]
-            try:
-                tally = await run_executors(
-                    clients,
-                    sink,
-                    "t1",
-                    ids,
-                    LEASE_SECONDS,
-                    scale(100, 1100),
-                    more=lambda n: None if terminator.done() else f"term-{n}",
-                )
-            finally:
-                done.set()
-                terminated = await terminator
-                for client in clients:
-                    await client.aclose()
+            tally, terminated = await run_beside_fault(
+                clients,
+                sink,
+                ids,
+                LEASE_SECONDS,
+                scale(100, 1100),
+                lambda done: _terminate_connections(db_url, random.Random(3), done),
+            )
             # anything an executor could not finish is the reconciler's, once its lease has run out
             if await _any_open(db_url):
                 await asyncio.sleep(LEASE_SECONDS + 0.5)
             reconciled = await reconcile(service.base_url, history, sink)
             state = await read_state(db_url)
         statuses = history.statuses()
-        figures.operations = len(history.calls)
         figures.faults = terminated
         figures.extra = {
             "effects": len(ids),
             "answers_503": statuses[503],
             "answers_5xx_other": sum(n for s, n in statuses.items() if s >= 500 and s != 503),
-            "executed": sink.total,
-            "outcomes": dict(tally.outcomes),
-            **reconciled,
         }
-        figures.check(check_answers(history))
-        figures.check(check_ledger(state))
-        figures.check(check_effects(state, sink.executions, settled=True))
-        figures.check(check_leases(state, swept=False))
+        figures.executed(history, sink, tally.outcomes, reconciled)
+        figures.check_run(history, state, sink)
     figures.assert_clean()
     assert terminated > 0 and statuses[503] > 0, "the fault was not injected"
     # retrying through the client completes the work: every effect ran once and is committed

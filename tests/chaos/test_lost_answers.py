@@ -8,21 +8,11 @@ from typing import Any
 import pytest
 
 from effect_ledger.client import LedgerClient
-from effect_ledger.settings import Settings
-from support.harness import (
-    Sink,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from support.harness import Sink, chaos_settings, read_state, scale, scenario, timeout
 from support.processes import LossyProxy
-from support.recording import History, check_answers
+from support.recording import History
 from support.server import Service
-from support.workload import TOOL, TOOL_VERSION, ledger_client, reconcile, run_executors
+from support.workload import TOOL, TOOL_VERSION, executor_clients, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(120, 1200)]
 
@@ -34,24 +24,18 @@ LEASE_SECONDS = 10
 
 async def test_lost_answers_never_duplicate_an_effect(request: pytest.FixtureRequest, db_url: str) -> None:
     history = History()
-    settings = Settings(database_url=db_url, background_sweep=False, pool_size=10, log_level="warning")
     with scenario(request, "lost_answers") as figures:
         async with (
             Sink() as sink,
-            Service(settings) as service,
+            Service(chaos_settings(db_url, pool_size=10)) as service,
             LossyProxy(service.port, DROP_FRACTION, seed=5) as proxy,
         ):
-            clients = [ledger_client(proxy.url, history, keepalive=False) for _ in range(EXECUTORS)]
             ids = [f"lost-{n}" for n in range(OPERATIONS)]
-            try:
+            async with executor_clients(proxy.url, history, EXECUTORS, keepalive=False) as clients:
                 tally = await run_executors(clients, sink, "t1", ids, LEASE_SECONDS, scale(100, 1100))
                 replays = await _replay_everything(clients[0], history, ids)
-            finally:
-                for client in clients:
-                    await client.aclose()
             reconciled = await reconcile(service.base_url, history, sink)
             state = await read_state(db_url)
-        figures.operations = len(history.calls)
         figures.faults = proxy.dropped
         figures.extra = {
             "effects": OPERATIONS,
@@ -59,17 +43,12 @@ async def test_lost_answers_never_duplicate_an_effect(request: pytest.FixtureReq
             "requests_forwarded": proxy.forwarded,
             "claims_replayed_by_nonce": sum(1 for c in history.calls if c.replayed),
             "receipt_replays": len(replays),
-            "executed": sink.total,
-            "outcomes": dict(tally.outcomes),
-            **reconciled,
         }
+        figures.executed(history, sink, tally.outcomes, reconciled)
         for operation_id, receipts in replays.items():
             if receipts[0] is None or any(r != receipts[0] for r in receipts):
                 figures.violations.append(f"{operation_id}: replays answered different receipts {receipts}")
-        figures.check(check_answers(history, allowed_5xx=frozenset()))
-        figures.check(check_ledger(state))
-        figures.check(check_effects(state, sink.executions, settled=True))
-        figures.check(check_leases(state, swept=False))
+        figures.check_run(history, state, sink, allowed_5xx=frozenset())
     figures.assert_clean()
     assert proxy.dropped > 0
     assert sink.total == OPERATIONS and len(replays) == OPERATIONS

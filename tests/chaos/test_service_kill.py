@@ -9,19 +9,10 @@ from collections import Counter
 import pytest
 
 from effect_ledger.domain.timefmt import parse_ts
-from support.harness import (
-    Sink,
-    check_effects,
-    check_leases,
-    check_ledger,
-    read_state,
-    scale,
-    scenario,
-    timeout,
-)
+from support.harness import Sink, read_state, scale, scenario, timeout
 from support.processes import ServiceProcess
-from support.recording import Call, History, check_answers
-from support.workload import ledger_client, reconcile, run_executors
+from support.recording import Call, History
+from support.workload import executor_clients, reconcile, run_beside_fault
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1500)]
 
@@ -90,29 +81,19 @@ async def test_service_killed_mid_request_executes_each_effect_at_most_once(
             Sink() as sink,
             ServiceProcess(db_url, background_sweep="true", sweep_interval_seconds=1) as service,
         ):
-            clients = [ledger_client(service.base_url, history, sub="exec-1") for _ in range(EXECUTORS)]
             ids = [f"kill-{n}" for n in range(OPERATIONS)]
-            done = asyncio.Event()
-            killer = asyncio.create_task(_kill_mid_request(service, history, rng, done))
-            try:
-                tally = await run_executors(
+            async with executor_clients(service.base_url, history, EXECUTORS) as clients:
+                tally, kills = await run_beside_fault(
                     clients,
                     sink,
-                    "t1",
                     ids,
                     LEASE_SECONDS,
                     scale(110, 1300),
-                    more=lambda n: None if killer.done() else f"kill-{n}",
+                    lambda done: _kill_mid_request(service, history, rng, done),
                 )
-            finally:
-                done.set()
-                kills = await killer
-                for client in clients:
-                    await client.aclose()
             await asyncio.sleep(LEASE_SECONDS + 1.5)  # every abandoned lease has run out and been swept
             reconciled = await reconcile(service.base_url, history, sink)
             state = await read_state(db_url)
-        figures.operations = len(history.calls)
         figures.faults = sum(kills.values())
         cut = Counter(c.kind for c in history.calls if c.outcome == "unknown" and c.error != "ConnectError")
         refused = sum(1 for c in history.calls if c.error == "ConnectError")
@@ -122,14 +103,9 @@ async def test_service_killed_mid_request_executes_each_effect_at_most_once(
             "calls_cut": dict(cut),
             "calls_refused": refused,
             "answer_lost_after_commit": dict(_landed_before_the_kill(history)),
-            "executed": sink.total,
-            "outcomes": dict(tally.outcomes),
-            **reconciled,
         }
-        figures.check(check_answers(history))
-        figures.check(check_ledger(state))
-        figures.check(check_effects(state, sink.executions, settled=True))
-        figures.check(check_leases(state, swept=True))
+        figures.executed(history, sink, tally.outcomes, reconciled)
+        figures.check_run(history, state, sink, swept=True)
         if tally.outcomes["gave_up"]:
             figures.violations.append(f"{tally.outcomes['gave_up']} operations never finished")
     assert figures.faults == KILLS

@@ -11,8 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from effect_ledger.settings import Settings
-from support.harness import bearer, check_ledger, read_state, scale, scenario, timeout
+from support.harness import bearer, chaos_settings, check_ledger, read_state, scale, scenario, timeout
 from support.recording import History, check_answers
 from support.server import Service
 
@@ -62,14 +61,7 @@ async def _burst(http: httpx.AsyncClient, tokens: dict[str, str], rng: random.Ra
 async def _hold_and_burst(
     db_url: str, name: str, hold: str, settings: dict[str, Any], history: History, rng: random.Random
 ) -> tuple[list[float], dict[int, int]]:
-    config = Settings(
-        database_url=db_url,
-        background_sweep=False,
-        pool_size=3,
-        pool_acquire_timeout_ms=300,
-        log_level="warning",
-        **settings,
-    )
+    config = chaos_settings(db_url, pool_size=3, pool_acquire_timeout_ms=300, **settings)
     latencies: list[float] = []
     async with (
         Service(config) as service,

@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from effect_ledger.settings import Settings
-from support.harness import LONG, bearer, scale, scenario, timeout
+from support.harness import LONG, bearer, chaos_settings, scale, scenario, timeout
 from support.server import Service
 
 pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
@@ -273,7 +272,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest, db_url: str) -> None:
-    config = Settings(database_url=db_url, background_sweep=False, log_level="warning")
+    config = chaos_settings(db_url)
     machine = type("Machine", (LedgerMachine,), {"db_url": db_url, "steps": 0})
     runs = settings(
         max_examples=scale(100, 400),

@@ -13,9 +13,8 @@ import asyncpg
 import httpx
 import pytest
 
-from effect_ledger.settings import Settings
 from support.auth import auth
-from support.harness import check_ledger, read_state, scale, scenario, timeout
+from support.harness import chaos_settings, check_ledger, read_state, scale, scenario, timeout
 from support.recording import History, check_answers
 from support.server import Service
 
@@ -129,13 +128,7 @@ async def test_tenant_context_never_leaks_through_one_pooled_connection(
     request: pytest.FixtureRequest, db_url: str
 ) -> None:
     history = History()
-    settings = Settings(
-        database_url=db_url,
-        background_sweep=False,
-        pool_size=1,
-        log_level="warning",
-        pool_acquire_timeout_ms=5000,
-    )
+    settings = chaos_settings(db_url, pool_size=1, pool_acquire_timeout_ms=5000)
     rng = random.Random(17)
     rows = 0
     cancelled_by_client = 0

@@ -16,9 +16,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from effect_ledger.settings import Settings
 from support.auth import TEST_SECRET, token
-from support.harness import scenario, timeout
+from support.harness import chaos_settings, scenario, timeout
 from support.recording import History, check_answers
 from support.server import Service
 
@@ -154,14 +153,8 @@ async def test_token_attacks_are_all_refused_with_401(
     public_file = tmp_path / "public.pem"
     public_file.write_bytes(public_pem)
     history = History()
-    hs = Settings(database_url=db_url, background_sweep=False, log_level="warning")
-    rs = Settings(
-        database_url=db_url,
-        background_sweep=False,
-        log_level="warning",
-        jwt_algorithm="RS256",
-        jwt_public_key_file=str(public_file),
-    )
+    hs = chaos_settings(db_url)
+    rs = chaos_settings(db_url, jwt_algorithm="RS256", jwt_public_key_file=str(public_file))
     attacks = hs256_attacks(private_pem)
     confusion = confusion_attacks(public_pem)
     with scenario(request, "token_attacks") as figures:

@@ -187,6 +187,12 @@ async def test_reconciler_and_audit_calls_are_typed(service: Service) -> None:
         seen = [(e.incident, e.purpose, e.principal) for e in log.items]
         assert seen == [(incident, "client test", "exec-1")]
 
+        keyed = Diagnostics(
+            operation_id="op-u1", phase="request", cause="timeout", report_id="rep-client-000001"
+        )
+        first = await ledger.report_incident(keyed)
+        assert await ledger.report_incident(keyed) == first != incident  # a retried report: the same incident
+
 
 async def test_dot_segment_ids_stay_opaque(service: Service) -> None:
     async with client_for(service) as ledger:

@@ -21,6 +21,7 @@ from effect_ledger.client import (
 from effect_ledger.http.auth import ALL_SCOPES
 from support.auth import token
 from support.server import Service
+from support.waiting import until
 
 TOOL: dict[str, Any] = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
 
@@ -199,32 +200,52 @@ async def test_in_progress_raises_and_the_body_never_runs(service: Service) -> N
         assert runs == 0
 
 
+def _heartbeat_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("effect-ledger heartbeat")]
+
+
 async def test_heartbeats_keep_a_short_lease_alive_and_stop_on_exit(service: Service) -> None:
+    # Bounded by counts, not by the clock: each heartbeat comes at least lease/3 after the one before
+    # (asyncio.sleep is a lower bound), so after N accepted ones the lease has moved at least N/3 leases.
+    lease = 2
     transport = CountingTransport()
     async with client_for(service, transport=transport) as ledger, client_for(service, sub="exec-1") as rival:
-        async with ledger.effect("op-hb", **TOOL, lease_seconds=1) as effect:
-            await asyncio.sleep(2.2)  # more than twice the lease
+        async with ledger.effect("op-hb", **TOOL, lease_seconds=lease) as effect:
+            assert effect.operation is not None and effect.operation.lease_expires_at is not None
+            first_expiry = effect.operation.lease_expires_at
+            await until(lambda: effect.heartbeats, "three heartbeats", holds=lambda n: n >= 3)
+            beats = effect.heartbeats
+            await until(lambda: effect.heartbeats, "the next heartbeat", holds=lambda n: n > beats)
+            # Just renewed: the lease has about `lease` seconds left, and has outlived its first expiry
+            # by a whole lease (4 renewals, each at least lease/3 after the one before: 4/3 leases).
             view = await ledger.get_operation("op-hb")
-            assert view.status == "pending" and view.lease_expired is False
+            assert view.status == "pending" and view.lease_expired is False and effect.lease_lost is None
+            assert view.lease_expires_at is not None
+            assert (view.lease_expires_at - first_expiry).total_seconds() >= lease
             with pytest.raises(OperationInProgress):  # not a reclaim: the lease is still live
                 await rival.claim("op-hb", **TOOL)
             await effect.submitted(effect_ref="req-hb")
-            await asyncio.sleep(1.5)
+            beats = effect.heartbeats
+            await until(
+                lambda: effect.heartbeats, "two heartbeats after submit", holds=lambda n: n >= beats + 2
+            )
             assert (await ledger.get_operation("op-hb")).status == "submitted"
             effect.commit({"external_ref": "m-hb"})
-        assert effect.heartbeats >= 8 and effect.lease_lost is None
+        assert effect.lease_lost is None
+        assert (await ledger.get_operation("op-hb")).status == "committed"
+        assert _heartbeat_tasks() == []  # stopped on exit: the task is gone, not just quiet
         beats = transport.calls["heartbeat"]
-        await asyncio.sleep(1.0)
-        assert transport.calls["heartbeat"] == beats  # stopped on exit
+        await asyncio.sleep(lease / 3 + 0.2)  # one interval: a live task would have sent another
+        assert transport.calls["heartbeat"] == beats
 
         with pytest.raises(RuntimeError):
-            async with ledger.effect("op-hb2", **TOOL, lease_seconds=1):
-                await asyncio.sleep(0.8)
+            async with ledger.effect("op-hb2", **TOOL, lease_seconds=lease) as failing:
+                await until(lambda: failing.heartbeats, "a heartbeat", holds=lambda n: n >= 1)
                 raise RuntimeError("boom")
+        assert _heartbeat_tasks() == []  # stopped on the exception path too
         beats = transport.calls["heartbeat"]
-        await asyncio.sleep(1.0)
-        assert transport.calls["heartbeat"] == beats  # stopped on the exception path too
-        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("effect-ledger heartbeat")]
+        await asyncio.sleep(lease / 3 + 0.2)
+        assert transport.calls["heartbeat"] == beats
 
 
 async def test_the_body_never_runs_twice_for_one_id_across_200_concurrent_calls(service: Service) -> None:

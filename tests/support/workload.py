@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -27,6 +28,7 @@ from support.auth import token
 from support.harness import TOOL, TOOL_VERSION, Sink, execute_at_sink, sink_receipt
 from support.recording import History
 
+T = TypeVar("T")
 EXECUTE, RECONCILE = "ledger:execute", "ledger:reconcile"
 # Retry through outages of a few seconds (a service restart, a PostgreSQL restart): the contract makes
 # every ledger call safe to repeat, so the only cost of a long budget is waiting.
@@ -55,6 +57,19 @@ def ledger_client(
     return LedgerClient(
         base_url, token(tenant, sub, scope, ttl=3600), retry=retry, transport=history.transport(inner)
     )
+
+
+@asynccontextmanager
+async def executor_clients(
+    base_url: str, history: History, count: int, **options: Any
+) -> AsyncIterator[list[LedgerClient]]:
+    """`count` recorded executor clients (ledger_client's options), all closed when the block ends."""
+    clients = [ledger_client(base_url, history, **options) for _ in range(count)]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 @dataclass
@@ -178,6 +193,36 @@ async def run_executors(
 
     await asyncio.gather(*(executor(i, c) for i, c in enumerate(clients)))
     return tally
+
+
+async def run_beside_fault(
+    clients: list[LedgerClient],
+    sink: Sink,
+    operation_ids: list[str],
+    lease_seconds: int,
+    deadline_seconds: float,
+    fault: Callable[[asyncio.Event], Awaitable[T]],
+) -> tuple[Tally, T]:
+    """Executors of tenant t1 while `fault(done)` injects faults: past `operation_ids` they keep taking
+    new IDs (the first one's prefix, then a number) until the fault task ends; then `done` is set and
+    the fault task's result returned with the tally."""
+    prefix = operation_ids[0].rsplit("-", 1)[0]
+    done = asyncio.Event()
+    injector = asyncio.create_task(fault(done))
+    try:
+        tally = await run_executors(
+            clients,
+            sink,
+            "t1",
+            operation_ids,
+            lease_seconds,
+            deadline_seconds,
+            more=lambda n: None if injector.done() else f"{prefix}-{n}",
+        )
+    finally:
+        done.set()
+        result = await injector
+    return tally, result
 
 
 async def reconcile(base_url: str, history: History, sink: Sink, tenant: str = "t1") -> dict[str, int]:

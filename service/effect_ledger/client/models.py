@@ -79,6 +79,7 @@ class Diagnostics(Struct, omit_defaults=True, kw_only=True):
     elapsed_ms: int | None = None
     detail_code: str | None = None
     headers: dict[str, str] | None = None
+    report_id: str | None = None  # makes a retried report idempotent: the same ID answers the same incident
 
 
 class OperationView(Struct, kw_only=True):

@@ -21,9 +21,11 @@ from effect_ledger.db.pools import tenant_tx
 from effect_ledger.domain.diagnostics import (
     Incident,
     ReportKey,
+    incident_values,
     incident_view,
     new_access_id,
     report_conflict,
+    reported_values,
 )
 from effect_ledger.domain.errors import DatabaseUnavailable, not_found
 from effect_ledger.settings import Settings
@@ -36,29 +38,7 @@ PURGE_BATCH = 5000  # rows per purge transaction: short locks, bounded WAL per c
 
 async def insert_incident(conn: asyncpg.Connection, incident: Incident) -> None:
     """Insert one incident on a connection whose transaction is bound to the incident's tenant."""
-    i = incident
-    await conn.execute(
-        sql("insert_incident"),
-        i.tenant,
-        i.incident_id,
-        i.source,
-        i.principal,
-        i.operation_id,
-        i.attempt,
-        i.phase,
-        i.cause,
-        i.http_status,
-        i.provider,
-        i.provider_request_id,
-        i.retryable_hint,
-        i.elapsed_ms,
-        i.detail_code,
-        i.headers,
-        i.route,
-        i.method,
-        i.exception_type,
-        i.created_at,
-    )
+    await conn.execute(sql("insert_incident"), *incident_values(incident))
 
 
 async def store_incident(
@@ -84,17 +64,7 @@ async def store_report(ledger: Ledger, incident: Incident, report: ReportKey) ->
             i.principal,
             report.key,
             report.fingerprint,
-            i.operation_id,
-            i.attempt,
-            i.phase,
-            i.cause,
-            i.http_status,
-            i.provider,
-            i.provider_request_id,
-            i.retryable_hint,
-            i.elapsed_ms,
-            i.detail_code,
-            i.headers,
+            *reported_values(i),
         )
     if first is None:  # the first report was purged between the function's two statements
         raise DatabaseUnavailable("diagnostics_report", "ReportVanished")

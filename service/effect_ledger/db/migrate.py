@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,8 @@ from effect_ledger.settings import Settings
 
 
 def migrations_dir() -> Path:
-    """The migrations inside the package (effect_ledger/migrations, a link to alembic/ in the source tree).
-
-    EFFECT_LEDGER_MIGRATIONS_DIR overrides it (a directory with Alembic's env.py)."""
-    configured = os.environ.get("EFFECT_LEDGER_MIGRATIONS_DIR")
-    candidate = Path(configured) if configured else Path(__file__).resolve().parents[1] / "migrations"
-    if not (candidate / "env.py").exists():
-        raise FileNotFoundError(f"no Alembic env.py in {candidate}")
-    return candidate
+    """The migrations inside the package: effect_ledger/migrations (a link to alembic/ in the source tree)."""
+    return Path(__file__).resolve().parents[1] / "migrations"
 
 
 def alembic_config(database_url: str) -> Config:

@@ -6,7 +6,7 @@ import hashlib
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -23,20 +23,6 @@ Cause = Literal[
 ]
 Source = Literal["report", "error", "outcome"]
 
-# The fields a caller may report, in contract order; nothing else ever reaches the table.
-REPORT_FIELDS: Final = (
-    "operation_id",
-    "attempt",
-    "phase",
-    "cause",
-    "http_status",
-    "provider",
-    "provider_request_id",
-    "retryable_hint",
-    "elapsed_ms",
-    "detail_code",
-    "headers",
-)
 # Header names worth keeping for diagnosis: none of them ever carries a credential by design.
 ALLOWED_HEADERS: Final = frozenset({"retry-after", "request-id", "x-request-id"})
 ALLOWED_HEADER_PREFIX: Final = "x-ratelimit-"
@@ -55,32 +41,58 @@ def new_access_id() -> str:
     return "acc_" + secrets.token_urlsafe(12)
 
 
+_REPORTED: Final = {"reported": True}  # a field a caller may report (docs/api.md section 9)
+
+
 @dataclass(frozen=True, slots=True)
 class Incident:
-    """One row of diagnostics.incidents: reported fields, or the controlled facts of a failure."""
+    """One row of diagnostics.incidents: reported fields, or the controlled facts of a failure.
+
+    The one definition of the incident's fields, in the table's column order: the catalogue's
+    statements, the migrations' functions, the request body, the client's structs and the reader's
+    view follow it (derived here, or checked by tests/unit/test_incident_fields.py)."""
 
     tenant: str
     incident_id: str
     source: Source
     principal: str | None = None
-    operation_id: str | None = None
-    attempt: int | None = None
-    phase: str | None = None
-    cause: str | None = None
-    http_status: int | None = None
-    provider: str | None = None
-    provider_request_id: str | None = None
-    retryable_hint: bool | None = None
-    elapsed_ms: int | None = None
-    detail_code: str | None = None
-    headers: dict[str, str] | None = None
+    operation_id: str | None = field(default=None, metadata=_REPORTED)
+    attempt: int | None = field(default=None, metadata=_REPORTED)
+    phase: str | None = field(default=None, metadata=_REPORTED)
+    cause: str | None = field(default=None, metadata=_REPORTED)
+    http_status: int | None = field(default=None, metadata=_REPORTED)
+    provider: str | None = field(default=None, metadata=_REPORTED)
+    provider_request_id: str | None = field(default=None, metadata=_REPORTED)
+    retryable_hint: bool | None = field(default=None, metadata=_REPORTED)
+    elapsed_ms: int | None = field(default=None, metadata=_REPORTED)
+    detail_code: str | None = field(default=None, metadata=_REPORTED)
+    headers: dict[str, str] | None = field(default=None, metadata=_REPORTED)
     route: str | None = None
     method: str | None = None
     exception_type: str | None = None
     created_at: datetime | None = None  # None: the database clock at insert
 
 
-INCIDENT_COLUMNS: Final = tuple(f.name for f in fields(Incident))
+INCIDENT_COLUMNS: Final = tuple(f.name for f in fields(Incident))  # insert_incident's parameters, in order
+# The fields a caller may report, in contract order (store_report's parameters after the key); nothing
+# else ever reaches the table.
+REPORT_FIELDS: Final = tuple(f.name for f in fields(Incident) if f.metadata.get("reported"))
+# What a reader sees (incident_view): the reference as `incident`, then every stored field but the tenant.
+VIEW_FIELDS: Final = (
+    "incident",
+    "created_at",
+    *(c for c in INCIDENT_COLUMNS if c not in ("tenant", "incident_id", "created_at")),
+)
+
+
+def incident_values(incident: Incident) -> tuple[Any, ...]:
+    """The incident's values in INCIDENT_COLUMNS order (the parameters of insert_incident)."""
+    return tuple(getattr(incident, name) for name in INCIDENT_COLUMNS)
+
+
+def reported_values(incident: Incident) -> tuple[Any, ...]:
+    """The reported fields' values in REPORT_FIELDS order."""
+    return tuple(getattr(incident, name) for name in REPORT_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +169,7 @@ def check_purpose(purpose: str | None) -> str:
 
 
 def incident_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An incident as a reader sees it: every stored field, the reference named `incident`."""
+    """An incident as a reader sees it (VIEW_FIELDS): every stored field, the reference named `incident`."""
     view: dict[str, Any] = {"incident": row["incident_id"], "created_at": format_ts(row["created_at"])}
-    for name in INCIDENT_COLUMNS:
-        if name not in ("tenant", "incident_id", "created_at"):
-            view[name] = row[name]
+    view.update((name, row[name]) for name in VIEW_FIELDS[2:])
     return view

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 
 TOKEN_PREFIX = "clt_"  # noqa: S105 - a prefix, not a secret
 TOKEN_BYTES = 32
@@ -30,11 +29,6 @@ def decode_token(token: str) -> bytes | None:
 def token_hash(token: str) -> bytes:
     """What the database stores and compares: SHA-256 of the token text."""
     return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-def tokens_match(stored_hash: bytes, presented: str) -> bool:
-    """Constant-time comparison of a presented token with the stored hash."""
-    return hmac.compare_digest(stored_hash, token_hash(presented))
 
 
 def nonce_hash(nonce: str) -> bytes:

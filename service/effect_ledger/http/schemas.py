@@ -120,11 +120,6 @@ S = TypeVar("S", bound=Struct)
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
-async def strict_body(request: Any, kind: type[S]) -> S:
-    """The cached body decoded strictly (routes use StrictBody; kept for callers outside a route)."""
-    return decode_strict(await request.body(), kind)
-
-
 def decode_strict(raw: bytes, kind: type[S]) -> S:
     """Decode a request body strictly into its struct ("30" is not 30): 400 when it is not JSON or not
     an object, 422 naming the field when it is JSON that breaks the contract (RecursionError, for a

@@ -106,10 +106,3 @@ def resolve_message(error: LedgerError) -> str:
     if error.code == "forbidden":
         return "Your token lacks the ledger:reconcile scope that resolving needs."
     return error.detail
-
-
-def success_message(op: Operation, outcome: str) -> str:
-    """What a recorded resolution did."""
-    if outcome == "unresolved":
-        return "Your look-up was recorded; the operation stays unknown."
-    return f"Recorded: the operation is {op.effective_status}."
