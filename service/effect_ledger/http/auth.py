@@ -183,8 +183,9 @@ def admit(scope: Any, state: Any, scopes: Iterable[str]) -> Caller:
     http.fastpath and, through `requires`, by every guarded route."""
     caller = scope.get(CALLER_KEY)
     if not isinstance(caller, Caller):
+        token = bearer_token(scope["headers"])  # a missing token is refused before anything else
         verifier: TokenVerifier = state.verifier
-        caller = verifier.verify(bearer_token(scope["headers"]))
+        caller = verifier.verify(token)
         scope[CALLER_KEY] = caller
     if scopes and caller.scopes.isdisjoint(scopes):
         raise LedgerError("forbidden", "The token lacks the scope this call needs.")
@@ -200,8 +201,9 @@ def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     cached = connection.scope.get(CALLER_KEY)
     if isinstance(cached, Caller):
         return cached
+    token = bearer_token(connection.scope["headers"])
     verifier: TokenVerifier = connection.app.state.verifier
-    caller = verifier.verify(bearer_token(connection.scope["headers"]))
+    caller = verifier.verify(token)
     connection.scope[CALLER_KEY] = caller  # type: ignore[literal-required]
     return caller
 
