@@ -190,10 +190,17 @@ def admit(scope: Any, state: Any, scopes: Iterable[str]) -> Caller:
     if scopes and caller.scopes.isdisjoint(scopes):
         raise LedgerError("forbidden", "The token lacks the scope this call needs.")
     # After the token, before the body is read and before any database work (docs/api.md section 4).
-    limiter: RateLimiter | None = getattr(state, "limiter", None)
-    if limiter is not None and not scope.get(ADMITTED_KEY):
-        limiter.check(caller.tenant, caller.principal)
+    if not scope.get(ADMITTED_KEY):
+        charge(state, caller)
     return caller
+
+
+def charge(state: Any, caller: Caller) -> None:
+    """Take one request from the caller's rate limit (429 rate_limited when it is spent); the API's
+    guards and the console's sessions share the one bucket of each tenant and principal."""
+    limiter: RateLimiter | None = getattr(state, "limiter", None)
+    if limiter is not None:
+        limiter.check(caller.tenant, caller.principal)
 
 
 def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:

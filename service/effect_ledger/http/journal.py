@@ -28,6 +28,7 @@ from effect_ledger.domain.journal_records import (
 from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.http.auth import AUDIT, JOURNAL_READ, JOURNAL_WRITE, Caller, requires
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.http.context import caller_of, ledger_of
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.paging import QueryProblems
@@ -58,11 +59,13 @@ def _reader(caller: Caller) -> str | None:
 
 
 async def session_projection(
-    request: Request[Any, Any, Any], caller: Caller, session_id: str
+    request: Request[Any, Any, Any], caller: Caller, session_id: str, ledger: Ledger | None = None
 ) -> dict[str, Any]:
-    """The projection answer of one session the caller may read (the API's and the console's)."""
+    """The projection answer of one session the caller may read (the API's and the console's; the
+    console passes the audit pool's ledger)."""
     sid = _session_id(session_id)
-    snap, operations = await repo.read_with_effects(ledger_of(request), caller.tenant, sid, _reader(caller))
+    reading = ledger_of(request) if ledger is None else ledger
+    snap, operations = await repo.read_with_effects(reading, caller.tenant, sid, _reader(caller))
     return projection_view(sid, snap.revision, [(seq, r) for seq, _, r in snap.records], operations)
 
 
