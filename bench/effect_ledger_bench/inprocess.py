@@ -9,7 +9,7 @@ on a busy machine it is the steadier of the two, and `instructions` (from `perf_
 
 Run alone it is also the measuring tool of issue 20 item 3:
 
-    python -m effect_ledger_bench.inprocess --requests 3000   # embedded PostgreSQL, or $EFFECT_LEDGER_DATABASE_URL
+    python -m effect_ledger_bench.inprocess --requests 3000   # on $EFFECT_LEDGER_DATABASE_URL or embedded
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -145,18 +144,24 @@ class Lifespan:
 
 
 async def cycles(
-    driver: Driver, tokens: list[str], count: int, concurrency: int, prefix: str
+    driver: Driver, tokens: list[str], count: int, concurrency: int, prefix: str, until: float | None = None
 ) -> dict[str, int]:
-    """`count` full cycles by `concurrency` executors; the answers' statuses counted by call."""
+    """`count` full cycles (or as many as fit before monotonic time `until`) by `concurrency` executors;
+    the answers' statuses counted by call ("claim 201": n)."""
     statuses: dict[str, int] = {}
     ids = itertools.count()
 
+    def more() -> int | None:
+        n = next(ids)
+        if until is not None:
+            return n if time.monotonic() < until else None
+        return n if n < count else None
+
     async def executor(token: str) -> None:
-        while (n := next(ids)) < count:
+        while (n := more()) is not None:
             op = f"{prefix}-{n}"
-            status, answer = await driver.post(
-                claim_path(op, "claim"), _json(claim_body(op, f"n-{op}")), token
-            )
+            claim = _json(claim_body(op, f"nonce-{op}-0123456789"))  # client nonces are >= 16 characters
+            status, answer = await driver.post(claim_path(op, "claim"), claim, token)
             _count(statuses, "claim", status)
             if status != 201:
                 continue
@@ -171,7 +176,7 @@ async def cycles(
 
 async def refusals(driver: Driver, token: str, count: int) -> tuple[int, float]:
     """`count` claims of a caller over its rate limit, one after another: (how many were 429, CPU)."""
-    body = _json(claim_body("refused", "n-refused"))
+    body = _json(claim_body("refused", "nonce-refused-0123456789"))
     refused = 0
     started = time.process_time()
     for n in range(count):
@@ -199,37 +204,40 @@ async def run_in_process(
     concurrency: int = 16,
     warmup: int = 300,
     prefix: str | None = None,
-    settings_of: Callable[[Settings], Settings] = lambda s: s,
+    duration: float | None = None,
+    window: Any = None,
 ) -> InProcessResult:
-    """Warm up, then drive `requests` executor requests (whole cycles) and `requests // 3` refusals."""
+    """Warm up, then drive `requests` executor requests (whole cycles; or cycles for `duration` seconds)
+    and `requests // 3` refusals (at least 300). `window` (counters.Window) is opened and closed around
+    the measured cycles."""
     from effect_ledger.http.app import create_app
 
     secret = secrets.token_urlsafe(48)
     overrides = json.dumps({FLOOD_TENANT: {"per_second": 1, "burst": 1}})
-    base = Settings.from_env(
-        {"EFFECT_LEDGER_DATABASE_URL": url, "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0"},
-        rate_limit_overrides=overrides,
-    )
-    settings = settings_of(replace(base, database_url=url))
+    environ = {"EFFECT_LEDGER_DATABASE_URL": url, "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0"}
+    settings = replace(Settings.from_env(environ, rate_limit_overrides=overrides), database_url=url)
     tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(concurrency)]
     flooder = mint_token(secret, FLOOD_TENANT, FLOOD_PRINCIPAL, SCOPE, settings, 3600)
     prefix = prefix or f"inproc-{secrets.token_hex(4)}"
-    sink = open(os.devnull, "w")  # the log lines are written, as in production, to nowhere
-    try:
-        with redirect_stdout(sink):
-            app = create_app(settings, jwt_secret=secret)
-            driver = Driver(app)
-            async with Lifespan(app):
-                await cycles(driver, tokens, max(warmup // 3, 1), concurrency, prefix + "w")
-                await refusals(driver, flooder, 50)
-                count = max(requests // 3, 1)
-                wall, cpu = time.perf_counter(), time.process_time()
-                statuses = await cycles(driver, tokens, count, concurrency, prefix)
-                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                refused, refusal_cpu = await refusals(driver, flooder, max(requests // 3, 1))
-    finally:
-        sink.close()
-    return InProcessResult(count, wall, cpu, statuses, refused, refusal_cpu)
+    # log lines are written, as in production, but to nowhere (opening /dev/null does not block)
+    with open(os.devnull, "w") as sink, redirect_stdout(sink):  # noqa: ASYNC230
+        app = create_app(settings, jwt_secret=secret)
+        driver = Driver(app)
+        async with Lifespan(app):
+            await cycles(driver, tokens, max(warmup // 3, 1), concurrency, prefix + "w")
+            await refusals(driver, flooder, 50)
+            count = max(requests // 3, 1)
+            if window is not None:
+                await window.open()
+            wall, cpu = time.perf_counter(), time.process_time()
+            until = None if duration is None else time.monotonic() + duration
+            statuses = await cycles(driver, tokens, count, concurrency, prefix, until)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            if window is not None:
+                await window.close()
+            refused, refusal_cpu = await refusals(driver, flooder, max(requests // 3, 300))
+    done = statuses.get("complete 200", 0)
+    return InProcessResult(done, wall, cpu, statuses, refused, refusal_cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             url = await cluster.create("effect_ledger_bench_inprocess")
             for _ in range(args.repeat):
                 r = await run_in_process(url, args.requests, args.concurrency)
+                per_request = r.cpu_per_request_ms * 1000
                 print(
-                    f"{r.requests} requests in {r.seconds:.2f} s: {r.cpu_per_request_ms * 1000:.0f} us CPU/request; "
+                    f"{r.requests} requests in {r.seconds:.2f} s: {per_request:.0f} us CPU/request; "
                     f"{r.refusals} refusals at {r.refusal_cpu_us:.0f} us CPU each; {r.statuses}",
                     flush=True,
                 )

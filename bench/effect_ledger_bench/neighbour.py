@@ -54,8 +54,10 @@ async def flood(base_url: str, token: str, stop: asyncio.Event) -> Counter[int]:
     return answers
 
 
-async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, duration: float) -> list[Row]:
-    """The quiet tenant's cycles alone, then beside the flood; one row each."""
+async def neighbour_rows(
+    gen: Generator, flood_token: str, warmup: float, duration: float
+) -> tuple[list[Row], float]:
+    """The quiet tenant's cycles alone, then beside the flood; one row each, and the p99 factor."""
     executors = QUIET_EXECUTORS
     alone = await gen.cycles(executors, warmup, duration, "nq-alone")
     stop = asyncio.Event()
@@ -71,14 +73,14 @@ async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, durati
     limit = f"limit {FLOOD_LIMIT['per_second']}/s burst {FLOOD_LIMIT['burst']}"
     return [
         Row(
-            "8",
+            "4",
             f"neighbour: quiet tenant alone, {executors} executors, claim",
             f"{alone.cycle_rate:,.0f} cycles/s",
             base,
             notes=_errors(alone),
         ),
         Row(
-            "8",
+            "4",
             "neighbour: quiet tenant beside a flood, claim",
             f"{beside.cycle_rate:,.0f} cycles/s",
             loaded,
@@ -86,7 +88,7 @@ async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, durati
             f"({factor:.2f}x)",
             notes=f"{_errors(beside)}; flood ({FLOOD_TASKS} connections, {limit}): {flood_note}",
         ),
-    ]
+    ], factor
 
 
 def _errors(result: LoadResult) -> str:

@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import asyncpg
 import httpx
+from test_load_shedding import LOCK_ALL, OPERATIONS, POOL, QUEUE, claim_all, heartbeat, slow, until_waiting
 
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
 from support.server import Service
-from test_load_shedding import LOCK_ALL, OPERATIONS, POOL, QUEUE, claim_all, heartbeat, slow, until_waiting
 
 OPERATOR = token("t1", "oper-1", "ledger:reconcile ledger:audit")
 PAGES = ("/console/", "/console/operations", "/console/operations/op-0", "/console/unknown")

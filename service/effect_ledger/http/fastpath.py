@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError
@@ -65,7 +65,7 @@ ROUTES = {
 
 def match(scope: Scope) -> tuple[Route, str] | None:
     """The executor route and operation ID of a request, when it is one this module serves."""
-    if scope["type"] != "http" or scope["method"] != "POST":  # type: ignore[comparison-overlap]
+    if scope["type"] != "http" or scope.get("method") != "POST":  # type: ignore[comparison-overlap]
         return None
     path: str = scope["path"]
     if not path.startswith(PREFIX):
@@ -96,7 +96,7 @@ def _replaying(chunks: list[bytes], more: bool, receive: Receive) -> Receive:
     """A receive that gives back the body already read, then (if there was more) the rest."""
     pending = list(chunks)
 
-    async def replay() -> Message:
+    async def replay() -> Any:
         if pending:
             chunk = pending.pop(0)
             return {"type": "http.request", "body": chunk, "more_body": bool(pending) or more}
@@ -104,7 +104,7 @@ def _replaying(chunks: list[bytes], more: bool, receive: Receive) -> Receive:
             return {"type": "http.request", "body": b"", "more_body": False}
         return await receive()
 
-    return replay  # type: ignore[return-value]
+    return replay
 
 
 class ExecutorFastPath:
@@ -120,7 +120,7 @@ class ExecutorFastPath:
             await self.app(scope, receive, send)
             return
         route, operation_id = found
-        state = scope["app"].state  # type: ignore[typeddict-item]
+        state = scope["app"].state
         scope["path_params"] = {"operation_id": operation_id}
         scope[ROUTE_KEY] = route.template  # type: ignore[literal-required]
         try:

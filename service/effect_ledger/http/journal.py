@@ -15,6 +15,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from msgspec import Meta, Struct
 
 from effect_ledger.db import journal as repo
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError, not_found, unsupported_schema
 from effect_ledger.domain.journal_context import select_context
 from effect_ledger.domain.journal_history import AppendCommand, Caps, Replayed
@@ -28,7 +29,6 @@ from effect_ledger.domain.journal_records import (
 from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.http.auth import AUDIT, JOURNAL_READ, JOURNAL_WRITE, Caller, requires
-from effect_ledger.db.ledger import Ledger
 from effect_ledger.http.context import caller_of, ledger_of
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.paging import QueryProblems
