@@ -77,7 +77,9 @@ def summary_enabled(level: int) -> bool:
     return level >= LINES.level
 
 
-def write_summary(level: int, fields: dict[str, Any], untrusted: tuple[str, ...]) -> None:
+def write_summary(
+    level: int, fields: dict[str, Any], untrusted: tuple[str, ...], context: dict[str, Any] | None = None
+) -> None:
     """One request summary line in a single pass: the same JSON object the structlog chain writes
     (the bound context, `level`, `timestamp`, redacted), built directly. Only the fields named in
     `untrusted` (and every context value) can carry caller text, so only they go through redaction;
@@ -93,7 +95,8 @@ def write_summary(level: int, fields: dict[str, Any], untrusted: tuple[str, ...]
         value = fields[key]
         if isinstance(value, str):
             fields[key] = redact_value(value)
-    for key, value in structlog.contextvars.get_contextvars().items():
+    bound = structlog.contextvars.get_contextvars() if context is None else context  # read once by the caller
+    for key, value in bound.items():
         if key not in fields:
             fields[key] = value if value is None or isinstance(value, int | float) else redact_value(value)
     fields["event"] = event

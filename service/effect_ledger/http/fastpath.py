@@ -37,7 +37,7 @@ from effect_ledger.http.executor import (
 )
 from effect_ledger.http.problems import EXCEPTION_HANDLERS, problem_body, problem_headers
 from effect_ledger.http.schemas import OPERATION_ID, ClaimBody, CompleteBody, HeartbeatBody, SubmitBody
-from effect_ledger.http.telemetry import ROUTE_KEY
+from effect_ledger.http.telemetry import PROBLEM_CODE_KEY, ROUTE_KEY
 
 PREFIX = "/v1/operations/"
 _JSON = (b"content-type", b"application/json")
@@ -126,6 +126,7 @@ class ExecutorFastPath:
         try:
             caller = admit(scope, state, (EXECUTE,))
         except LedgerError as refused:  # 401, 403, 429: before the body is read or anything routed
+            scope[PROBLEM_CODE_KEY] = refused.code  # type: ignore[literal-required]  # the summary line's code
             await send_problem(send, refused)
             return
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
@@ -137,6 +138,7 @@ class ExecutorFastPath:
         try:
             reply = await route.run(state.ledger, caller, operation_id, data)
         except LedgerError as error:
+            scope[PROBLEM_CODE_KEY] = error.code  # type: ignore[literal-required]
             await send_problem(send, error)
             return
         except Exception as exc:  # the app's handlers record the incident

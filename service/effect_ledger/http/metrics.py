@@ -244,6 +244,7 @@ class Metrics:
         self._pools: dict[str, asyncpg.Pool] = {}
         self._multiprocess = multiprocess_dir() is not None
         self._request_series: dict[tuple[str, str, int], Any] = {}
+        self._limited_series: dict[str, Any] = {}
         self._pools_published = 0.0
 
     # --- the ledger observer (db.ledger.LedgerObserver) -------------------------------------
@@ -292,7 +293,12 @@ class Metrics:
                 self._request_series[key] = series
         series.observe(seconds)
         if status == 429:
-            self.rate_limited.labels(route).inc()
+            limited = self._limited_series.get(route)
+            if limited is None:
+                limited = self.rate_limited.labels(route)
+                if len(self._limited_series) < _SERIES_REMEMBERED:
+                    self._limited_series[route] = limited
+            limited.inc()
         if self._multiprocess:
             # Each process publishes its own pools (a scrape reaches only one of them), a few times a
             # second rather than on every request.

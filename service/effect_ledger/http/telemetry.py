@@ -31,6 +31,7 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 QUIET_ROUTES = frozenset({"/livez", "/readyz", "/metrics"})
 UNMATCHED = "unmatched"
 ROUTE_KEY = "effect_ledger.route"  # the template of a route served before routing (http.fastpath)
+PROBLEM_CODE_KEY = "effect_ledger.problem_code"  # the code of a problem answered before routing
 _MAX_OPERATION_ID = 200
 _MAX_PROBLEM_BYTES = 64 * 1024
 
@@ -187,7 +188,7 @@ class RequestTelemetry:
         route = _route_of(scope)
         method = str(scope.get("method", ""))
         self.metrics.observe_request(route, method, status, ended - started)
-        code = _problem_code(exchange) if exchange.problem else None
+        code = scope.get(PROBLEM_CODE_KEY) or (_problem_code(exchange) if exchange.problem else None)
         if span is not None:
             span.update_name(f"{method if method in METHODS else 'other'} {route}")
             facts: dict[str, str | int] = {"http.route": route, "http.response.status_code": status}
@@ -198,11 +199,12 @@ class RequestTelemetry:
         if not summary_enabled(level):
             return
         caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
+        context = structlog.contextvars.get_contextvars()
         write_summary(
             level,
             {
                 "request_id": request_id,
-                "outcome": structlog.contextvars.get_contextvars().get("outcome"),  # a bounded category
+                "outcome": context.get("outcome"),  # a bounded category (LedgerTelemetry)
                 "route": route,
                 "method": method,
                 "status": status,
@@ -214,6 +216,7 @@ class RequestTelemetry:
                 "event": "request",
             },
             _UNTRUSTED_WITH_ID if chosen else _UNTRUSTED,
+            context,
         )
 
 
