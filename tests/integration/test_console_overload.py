@@ -2,7 +2,7 @@
 flood that fills the runtime pool and sheds executors with 503 leaves operators served; and every
 console request takes a token from the same rate-limit bucket as the API.
 
-The flood is made the way tests/integration/test_load_shedding.py makes it: another session holds the
+The flood is made the way tests/integration/test_load_shedding.py makes it (support/flood.py): another session holds the
 row locks of every operation of the tenant, so each executor heartbeat holds its pooled connection,
 the queue fills, and further executor calls are shed at once.
 """
@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import asyncpg
 import httpx
-from test_load_shedding import LOCK_ALL, OPERATIONS, POOL, QUEUE, claim_all, heartbeat, slow, until_waiting
 
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
+from support.flood import LOCK_ALL, OPERATIONS, POOL, QUEUE, claim_all, heartbeat, slow, until_waiting
 from support.server import Service
 
 OPERATOR = token("t1", "oper-1", "ledger:reconcile ledger:audit")

@@ -42,8 +42,13 @@ class _Problem(msgspec.Struct):
     code: str | None = None
 
 
-def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, bool]:
-    """The caller's X-Request-ID when it is safe (and True: the caller chose it), else a new one."""
+def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The caller's X-Request-ID when it is safe, else a new one."""
+    return request_id_chosen(headers)[0]
+
+
+def request_id_chosen(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, bool]:
+    """request_id_from's ID, and True when the caller chose it (its text is then screened in logs)."""
     for name, value in headers:
         if name.lower() == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -125,7 +130,7 @@ class RequestTelemetry:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id, chosen = request_id_from(scope["headers"])
+        request_id, chosen = request_id_chosen(scope["headers"])
         exchange = _Exchange()
         header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
 
