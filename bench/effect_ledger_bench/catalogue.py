@@ -18,3 +18,9 @@ def sql(name: str) -> str:
     """The bench statement called `name`, or else the product's; a KeyError names neither."""
     own = bench_queries()
     return own[name] if name in own else queries()[name]
+
+
+@cache
+def lean_queries() -> dict[str, str]:
+    """The lean yardstick's schema and statements (effect_ledger_bench/lean.sql)."""
+    return parse_catalogue(files("effect_ledger_bench").joinpath("lean.sql").read_text("utf-8"))

@@ -25,16 +25,22 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     """The bench's own flags; each defaults to the full run's value (or the smoke run's with --smoke)."""
-    parser.add_argument("--duration", type=float, help="seconds measured per phase (default 20)")
-    parser.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement (default 5)")
+    parser.add_argument("--duration", type=float, help="seconds measured per layer (default 10)")
+    parser.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement (default 3)")
     parser.add_argument("--concurrency", type=int, help="concurrent executors / pgbench clients (default 16)")
     parser.add_argument(
-        "--growth-sizes", type=_sizes, help="operations preloaded per growth row (default 0,1000000,5000000)"
+        "--growth-sizes",
+        type=_sizes,
+        help="measure growth: operations preloaded per row, e.g. 0,1000000,5000000 (default: not measured)",
     )
     parser.add_argument("--growth-duration", type=float, help="seconds measured per growth row (default 10)")
-    parser.add_argument("--replay-duration", type=float, help="seconds of replayed claims (default 10)")
+    parser.add_argument("--replay-duration", type=float, help="seconds of replayed claims (default 6)")
+    parser.add_argument(
+        "--neighbour-duration", type=float, help="seconds of the quiet tenant alone, then beside a flood (10)"
+    )
     parser.add_argument("--contention-executors", type=int, help="executors racing for hot IDs (default 64)")
     parser.add_argument("--hot-ids", type=int, help="IDs raced for (default 100)")
+    parser.add_argument("--journal", action="store_true", default=None, help="measure the run journal too")
     parser.add_argument("--workers", type=int, help="serve worker processes (default 2)")
     parser.add_argument(
         "--generator",
@@ -60,6 +66,8 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         "growth_sizes",
         "growth_duration",
         "replay_duration",
+        "neighbour_duration",
+        "journal",
         "contention_executors",
         "hot_ids",
         "workers",

@@ -63,6 +63,30 @@ class Generator:
         """
         return await self._python("contention", executors, 0.0, 0.0, "hot", hot_ids)
 
+    async def flood(self, tokens: list[str], connections: int, duration: float, prefix: str) -> LoadResult:
+        """Claims of new IDs back to back on `connections` keep-alive connections (tokens[0] for all),
+        from one generator process, for `duration` seconds; the answers by status in outcomes["flood"]."""
+        spec = Spec(
+            "flood",
+            self.host,
+            self.port,
+            [tokens[0]] * connections,
+            0,
+            time.time() + START_MARGIN,
+            0.0,
+            duration,
+            prefix,
+            [],
+        )
+        part = await _run_process(spec, duration + 120)
+        return LoadResult(
+            window=part["window"],
+            requests=part["requests"],
+            generator_cpu=part["generator_cpu"],
+            outcomes=part["outcomes"],
+            generator="python x1",
+        )
+
     async def _wrk(
         self, mode: str, executors: int, seconds: float, prefix: str, ids: list[str] | None = None
     ) -> LoadResult:

@@ -281,7 +281,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "9",
+                "6",
                 f"journal: appends, {BATCH}-record batches, {config.writers} writers",
                 f"{http_appends.request_rate:,.0f} appends/s",
                 http_appends.latency("append"),
@@ -290,7 +290,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "9",
+                "6",
                 "journal: PostgreSQL alone, same inserts",
                 f"{sql_appends.request_rate:,.0f} appends/s",
                 sql_appends.latency("append"),
@@ -306,7 +306,7 @@ async def run_journal(
         ratio = http_reads.request_rate / sql_reads.request_rate if sql_reads.request_rate else float("nan")
         rows.append(
             Row(
-                "9",
+                "6",
                 f"journal: projections, {config.session_records:,}-record sessions",
                 f"{http_reads.request_rate:,.0f} reads/s",
                 http_reads.latency("projection"),
@@ -315,7 +315,7 @@ async def run_journal(
         )
         rows.append(
             Row(
-                "9",
+                "6",
                 "journal: PostgreSQL alone, same reads",
                 f"{sql_reads.request_rate:,.0f} reads/s",
                 sql_reads.latency("projection"),

@@ -1,4 +1,8 @@
-"""The limits: pgbench running one effect cycle (claim, submit, complete) three ways.
+"""The limits: pgbench running one effect cycle (claim, submit, complete) four ways.
+
+- `lean` (the lean yardstick, issue 20): the same statements as `yardstick` on a minimal schema
+  (lean.sql: the operation row with three secondary indexes, three chained events, no RLS, triggers,
+  checks or foreign keys). The limit of what the cycle's durable work costs PostgreSQL.
 
 - `yardstick` (the limit, issue 11): PostgreSQL alone doing the cycle's durable work with one
   statement per call in autocommit: claim = one INSERT ... ON CONFLICT DO NOTHING of the operation
@@ -32,7 +36,7 @@ from pathlib import Path
 
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.chain import GENESIS_HASH
-from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.catalogue import lean_queries, sql
 from effect_ledger_bench.database import Endpoint
 from effect_ledger_bench.procs import children_cpu_seconds, tree_cpu_seconds
 from effect_ledger_bench.workload import LEASE_SECONDS, PRINCIPAL, TENANT, TOOL, TOOL_VERSION
@@ -179,12 +183,19 @@ SERVICE_COMPLETE = {
     8: "NULL",
 }
 _OP = ["\\set n :n + 1", "\\set op :run * 1000000000000 + :client_id * 1000000000 + :n"]
-KINDS = ("yardstick", "service", "previous")
+KINDS = ("lean", "yardstick", "service", "previous")
 
 
 def script(kind: str = "previous") -> str:
     """One effect cycle as a pgbench script of `kind` (see KINDS); op IDs unique per run."""
-    if kind == "yardstick":
+    if kind == "lean":
+        lean = lean_queries()
+        calls = (
+            (lean["lean_claim"], YARDSTICK_CLAIM),
+            (lean["lean_submit"], YARDSTICK_SUBMIT),
+            (lean["lean_complete"], YARDSTICK_COMPLETE),
+        )
+    elif kind == "yardstick":
         calls = (
             (sql("bench_yardstick_claim"), YARDSTICK_CLAIM),
             (sql("bench_yardstick_submit"), YARDSTICK_SUBMIT),

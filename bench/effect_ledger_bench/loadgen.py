@@ -24,7 +24,7 @@ from effect_ledger_bench.workload import claim_body, claim_path, complete_body, 
 class Spec:
     """What the parent asks of one generator process."""
 
-    mode: str  # cycle | replay | contention
+    mode: str  # cycle | replay | contention | flood
     host: str
     port: int
     tokens: list[str]  # one per executor of this process
@@ -111,7 +111,21 @@ async def _contend(spec: Spec, tally: Tally, index: int, conn: HttpConnection) -
         counts[str(status)] = counts.get(str(status), 0) + 1
 
 
-MODES = {"cycle": _cycles, "replay": _replays, "contention": _contend}
+async def _flood(spec: Spec, tally: Tally, index: int, conn: HttpConnection) -> None:
+    """Claims of new IDs back to back, no pause whatever the answer (the noisy neighbour's flood)."""
+    body = {"tool": "bench.flood", "tool_version": "1", "intent": {"flood": True}, "lease_seconds": 30}
+    counts = tally.outcomes.setdefault("flood", {})
+    n = 0
+    while time.time() < tally.window_end:
+        n += 1
+        status, _, _ = await _post(
+            conn, claim_path(f"{spec.prefix}-{spec.first_executor + index}-{n}", "claim"), body
+        )
+        counts[str(status)] = counts.get(str(status), 0) + 1
+        tally.requests += 1
+
+
+MODES = {"cycle": _cycles, "replay": _replays, "contention": _contend, "flood": _flood}
 
 
 async def _executor(spec: Spec, tally: Tally, index: int) -> None:

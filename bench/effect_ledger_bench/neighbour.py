@@ -8,12 +8,9 @@ import asyncio
 import json
 from collections import Counter
 
-import httpx
-
 from effect_ledger_bench.generator import Generator
 from effect_ledger_bench.report import Row, verdict
 from effect_ledger_bench.stats import LoadResult
-from effect_ledger_bench.workload import TOOL, TOOL_VERSION, claim_path
 
 FLOOD_TENANT = "bench-flood"
 FLOOD_PRINCIPAL = "bench-flooder"
@@ -32,53 +29,32 @@ def rate_limit_env() -> dict[str, str]:
     }
 
 
-async def flood(base_url: str, token: str, stop: asyncio.Event) -> Counter[int]:
-    """Claims of new IDs from FLOOD_TASKS connections, back to back, until `stop` is set."""
-    answers: Counter[int] = Counter()
-    headers = {"Authorization": f"Bearer {token}"}
-    body = {"tool": TOOL, "tool_version": TOOL_VERSION, "intent": {"flood": True}, "lease_seconds": 30}
-    limits = httpx.Limits(max_connections=FLOOD_TASKS, max_keepalive_connections=FLOOD_TASKS)
-
-    async def one(task: int, http: httpx.AsyncClient) -> None:
-        n = 0
-        while not stop.is_set():
-            try:
-                r = await http.post(claim_path(f"flood-{task}-{n}", "claim"), json=body, headers=headers)
-                answers[r.status_code] += 1
-            except httpx.TransportError:
-                answers[0] += 1
-            n += 1
-
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as http:
-        await asyncio.gather(*(one(task, http) for task in range(FLOOD_TASKS)))
-    return answers
-
-
-async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, duration: float) -> list[Row]:
-    """The quiet tenant's cycles alone, then beside the flood; one row each."""
+async def neighbour_rows(
+    gen: Generator, flood_token: str, warmup: float, duration: float
+) -> tuple[list[Row], float]:
+    """The quiet tenant's cycles alone, then beside the flood; one row each, and the p99 factor."""
     executors = QUIET_EXECUTORS
     alone = await gen.cycles(executors, warmup, duration, "nq-alone")
-    stop = asyncio.Event()
-    flooding = asyncio.create_task(flood(gen.base_url, flood_token, stop))
-    try:
-        beside = await gen.cycles(executors, warmup, duration, "nq-flood")
-    finally:
-        stop.set()
-        answers = await flooding
+    # the flood: its own generator process, no pause in its loop, covering the quiet window and more
+    flooding = asyncio.create_task(gen.flood([flood_token], FLOOD_TASKS, warmup + duration + 1.0, "flood"))
+    beside = await gen.cycles(executors, warmup, duration, "nq-flood")
+    flooded = await flooding
+    answers = Counter({int(k): v for k, v in flooded.outcomes.get("flood", {}).items()})
     base, loaded = alone.latency("claim"), beside.latency("claim")
     factor = loaded.p99 / base.p99 if base.p99 > 0 else float("nan")
     flood_note = ", ".join(f"{status or 'transport error'}: {n:,}" for status, n in sorted(answers.items()))
+    flood_note += f"; {flooded.request_rate:,.0f} req/s at full speed"
     limit = f"limit {FLOOD_LIMIT['per_second']}/s burst {FLOOD_LIMIT['burst']}"
     return [
         Row(
-            "8",
+            "4",
             f"neighbour: quiet tenant alone, {executors} executors, claim",
             f"{alone.cycle_rate:,.0f} cycles/s",
             base,
             notes=_errors(alone),
         ),
         Row(
-            "8",
+            "4",
             "neighbour: quiet tenant beside a flood, claim",
             f"{beside.cycle_rate:,.0f} cycles/s",
             loaded,
@@ -86,7 +62,7 @@ async def neighbour_rows(gen: Generator, flood_token: str, warmup: float, durati
             f"({factor:.2f}x)",
             notes=f"{_errors(beside)}; flood ({FLOOD_TASKS} connections, {limit}): {flood_note}",
         ),
-    ]
+    ], factor
 
 
 def _errors(result: LoadResult) -> str:

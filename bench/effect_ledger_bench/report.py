@@ -7,19 +7,33 @@ from dataclasses import dataclass
 
 from effect_ledger_bench.stats import Latency
 
-# The targets of issues 8 and 11, on a 2-core machine, measured in one run (printed, never asserted).
-SERVICE_TO_LIMIT = 0.5  # of the one-statement limit (issue 11)
+# The targets of issues 8, 11 and 20, on a 2-core machine, measured in one run (printed, never asserted).
+SERVICE_TO_LIMIT = 0.5  # service cycles/s over the lean yardstick's (issue 20)
+PG_CPU_TO_LEAN = 1.5  # PostgreSQL CPU per cycle in the service over the lean yardstick's
+PYTHON_CPU_PER_REQUEST_MS = 0.3  # every serve process's CPU per executor request
 CLAIM_P99_MS = 10.0
-SERVICE_CPU_PER_CYCLE_MS = 1.2
 GROWTH_P50_FACTOR = 1.25
 RSS_PER_WORKER_MB = 150.0
+
+# When a ratio between rows means something: the machine was quiet (issue 20 item 6). Two rules,
+# both needed: the one-minute load average at the start is at most QUIET_LOAD (no test run or other
+# benchmark was going on), and during every layer's window the CPU spent by processes outside the
+# run (the machine's busy time from /proc/stat minus PostgreSQL's, the server's, the clients' and this
+# process's) stays under QUIET_OTHER_CORES. The load average after the run is printed but not judged:
+# the run itself keeps both cores busy, so it is high on a quiet machine too.
+QUIET_LOAD = 1.0
+QUIET_OTHER_CORES = 0.15
+QUIET_RULE = (
+    f"ratios only when the load average at the start <= {QUIET_LOAD:g} and other processes used "
+    f"<= {QUIET_OTHER_CORES:g} cores during every layer"
+)
 
 
 @dataclass(frozen=True)
 class Row:
     """One printed line."""
 
-    step: str  # 1..7, the measurement's number in the issue
+    step: str  # 1 layers, 2 service calls, 3 replay/contention, 4 neighbour, 5 growth, 6 journal, 7 targets
     name: str
     rate: str = ""
     latency: Latency | None = None

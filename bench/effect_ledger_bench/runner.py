@@ -10,36 +10,44 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings
-from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.catalogue import lean_queries, sql
+from effect_ledger_bench.counters import Window, load_average
 from effect_ledger_bench.database import Cluster, Endpoint
 from effect_ledger_bench.floor import run_floor
 from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
+from effect_ledger_bench.inprocess import run_in_process
 from effect_ledger_bench.journal import JournalConfig, run_journal
-from effect_ledger_bench.limit import KINDS, run_pgbench
+from effect_ledger_bench.limit import run_pgbench
 from effect_ledger_bench.neighbour import (
     FLOOD_PRINCIPAL,
     FLOOD_TASKS,
     FLOOD_TENANT,
+    NEIGHBOUR_P99_FACTOR,
     QUIET_EXECUTORS,
     neighbour_rows,
 )
-from effect_ledger_bench.procs import machine, tree_cpu_seconds
+from effect_ledger_bench.procs import machine
 from effect_ledger_bench.report import (
     CLAIM_P99_MS,
     GROWTH_P50_FACTOR,
+    PG_CPU_TO_LEAN,
+    PYTHON_CPU_PER_REQUEST_MS,
+    QUIET_LOAD,
+    QUIET_OTHER_CORES,
+    QUIET_RULE,
     RSS_PER_WORKER_MB,
-    SERVICE_CPU_PER_CYCLE_MS,
     SERVICE_TO_LIMIT,
     Row,
     mib,
+    ms,
     render,
     verdict,
 )
@@ -50,19 +58,25 @@ from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Sizes and durations of one run (the full run by default; `smoke()` for the test suite)."""
+    """Sizes and durations of one run (the full run by default; `smoke()` for the test suite).
 
-    duration: float = 20.0
-    warmup: float = 5.0
+    The default run measures the layers, the service's calls, replay, contention and the noisy
+    neighbour in about five minutes; growth (`--growth-sizes`) and the journal (`--journal`) are
+    measured when asked for, since preloading millions of rows takes minutes of its own."""
+
+    duration: float = 10.0
+    warmup: float = 3.0
     concurrency: int = 16
-    growth_sizes: tuple[int, ...] = (0, 1_000_000, 5_000_000)
+    growth_sizes: tuple[int, ...] = ()
     growth_duration: float = 10.0
-    replay_duration: float = 10.0
+    replay_duration: float = 6.0
+    neighbour_duration: float = 10.0
     contention_executors: int = 64
     hot_ids: int = 100
     workers: int = 2
     generator: str = "auto"
     database_url: str | None = None
+    journal: bool = False
     journal_duration: float = 10.0
     journal_records: int = 1000  # records per projected journal session
     journal_sessions: int = 16
@@ -76,9 +90,11 @@ class BenchConfig:
             growth_sizes=(0, 2000),
             growth_duration=1.0,
             replay_duration=1.0,
+            neighbour_duration=1.0,
             contention_executors=8,
             hot_ids=10,
             workers=1,
+            journal=True,
             journal_duration=1.0,
             journal_records=60,
             journal_sessions=2,
@@ -86,28 +102,22 @@ class BenchConfig:
 
 
 @dataclass
-class Probe:
-    """CPU of the server and of PostgreSQL, and worker memory, across one measured window."""
+class Layer:
+    """One layer's measurement: its rate and what a cycle cost (see counters.Window)."""
 
-    service: ServiceProcess
-    postmaster: int | None
-    started: float = 0.0
-    service_cpu: float = 0.0
-    postgres_cpu: float | None = None
-    rss: list[float] = field(default_factory=list)
+    name: str
+    cycles: int
+    window: Window
 
-    def begin(self) -> None:
-        """The window opens."""
-        self.started = time.monotonic()
-        self.service_cpu = -self.service.cpu_seconds()
-        self.postgres_cpu = -tree_cpu_seconds(self.postmaster) if self.postmaster else None
+    @property
+    def rate(self) -> float:
+        """Cycles per second."""
+        return self.cycles / self.window.seconds if self.window.seconds > 0 else 0.0
 
-    def end(self) -> None:
-        """The window closes (memory is read now, at steady load)."""
-        self.rss = self.service.rss_mb()
-        self.service_cpu += self.service.cpu_seconds()
-        if self.postmaster and self.postgres_cpu is not None:
-            self.postgres_cpu += tree_cpu_seconds(self.postmaster)
+    def pg_ms(self) -> float:
+        """PostgreSQL CPU per cycle, ms (NaN when PostgreSQL runs elsewhere)."""
+        pg = self.window.postgres_cpu
+        return float("nan") if pg is None else pg / max(self.cycles, 1) * 1000
 
 
 def progress(message: str) -> None:
@@ -138,9 +148,13 @@ class Bench:
         ]
         self.rows: list[Row] = []
         self.deferred: list[Row] = []
-        self.limit_rate = self.previous_limit_rate = self.floor_rate = self.service_rate = 0.0
-        self.service_cpu_per_cycle_ms = float("nan")
+        self.layers: dict[str, Layer] = {}
+        self.neighbour_factor = float("nan")
+        self.claim_p99 = float("nan")
+        self.service_cpu_per_request_ms = float("nan")
         self.generator_name = "n/a"
+        self.load_before = load_average()
+        self.load_after = float("nan")
 
     def add(self, row: Row) -> None:
         """Keep a row for the table, and show its figure now."""
@@ -155,154 +169,166 @@ class Bench:
         return gen
 
     async def measured_cycles(
-        self, gen: Generator, probe: Probe, warmup: float, duration: float, prefix: str
+        self, gen: Generator, window: Window, warmup: float, duration: float, prefix: str
     ) -> LoadResult:
-        """Cycles by the configured executors, with the probe around the measured window."""
+        """Cycles by the configured executors, with the window around the measured part."""
         if gen.uses_wrk:
             if warmup > 0:
                 await gen.cycles(self.config.concurrency, 0.0, warmup, f"{prefix}w")
-            probe.begin()
+            await window.open()
             result = await gen.cycles(self.config.concurrency, 0.0, duration, prefix)
-            probe.end()
+            await window.close()  # wrk was reaped inside the window: its CPU is the client's
             return result
 
         async def watch() -> None:
             await asyncio.sleep(warmup + START_MARGIN)  # the generator processes start, then warm up
-            probe.begin()
+            await window.open()
             await asyncio.sleep(duration)
-            probe.end()
+            await window.close()
 
         watcher = asyncio.create_task(watch())
         result = await gen.cycles(self.config.concurrency, warmup, duration, prefix)
         await watcher
+        # the generator processes were still running when the window closed: their CPU inside it is
+        # the client's, not the machine's other load
+        window.client_cpu += result.generator_cpu
+        window.other_cores = max(window.other_cores - result.generator_cpu / max(window.seconds, 1e-9), 0.0)
         return result
 
+    def window(self, url: str, python: Callable[[], float] | None = None) -> Window:
+        """Counters around one measurement; `python`: the CPU of the Python under test (default: ours)."""
+        if python is None:
+            return Window(url, self.cluster.postmaster)
+        return Window(url, self.cluster.postmaster, python, python_in_self=False)
+
+    def layer(self, key: str, name: str, cycles: int, window: Window, extra: str = "") -> None:
+        """Keep one layer's figures and print its row."""
+        self.layers[key] = layer = Layer(name, cycles, window)
+        notes = window.per_cycle(cycles) + (f"; {extra}" if extra else "")
+        self.add(Row("1", name, f"{layer.rate:,.0f} cycles/s", notes=notes))
+
     async def limit(self, url: str) -> None:
-        """1. pgbench: the one-statement yardstick (the limit), the service's SQL, the previous SQL."""
+        """1a-c. pgbench, 16 clients, one statement per call: the lean yardstick, the yardstick on our
+        tables, our SQL (one write-path function call per call)."""
         c = self.config
         endpoint = Endpoint.runtime(url)
-        names = {
-            "yardstick": "limit: pgbench, one statement per call",
-            "service": "pgbench, the service's SQL (1 function call per call)",
-            "previous": "old limit: pgbench, previous SQL (4-5 statements per call)",
-        }
-        for number, kind in enumerate(KINDS):
-            progress(f"{names[kind]}: {c.concurrency} clients, {c.warmup:g} s warm-up + {c.duration:g} s")
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(lean_queries()["lean_schema"])
+        finally:
+            await conn.close()
+        rows = (
+            ("lean", "lean", "lean yardstick: minimal schema, pgbench"),
+            ("ours", "yardstick", "yardstick on our tables, pgbench"),
+            ("sql", "service", "our SQL (function calls), pgbench"),
+        )
+        for number, (key, kind, name) in enumerate(rows):
+            progress(f"{name}: {c.concurrency} clients, {c.warmup:g} s warm-up + {c.duration:g} s")
             base = 10 * (number + 1)  # op IDs unique per script and run
             if c.warmup >= 1:
                 await run_pgbench(endpoint, self.workdir, c.concurrency, c.warmup, base + 1, None, kind)
+            window = self.window(url)
+            await window.open()
             r = await run_pgbench(
                 endpoint, self.workdir, c.concurrency, c.duration, base + 2, self.cluster.postmaster, kind
             )
-            if kind == "yardstick":
-                self.limit_rate = r.cycles_per_second
-            if kind == "previous":
-                self.previous_limit_rate = r.cycles_per_second
-            pg = "" if r.postgres_cpu is None else f", PostgreSQL {r.postgres_cpu / r.seconds:.2f} cores"
-            cycles = max(r.cycles_per_second * r.seconds, 1)
-            per_cycle = "" if r.postgres_cpu is None else f", {r.postgres_cpu / cycles * 1000:.2f} ms/cycle"
-            self.add(
-                Row(
-                    "1",
-                    f"{names[kind]}, {c.concurrency} clients",
-                    f"{r.cycles_per_second:,.0f} cycles/s",
-                    notes=f"mean {r.latency_ms:.1f} ms/cycle, {r.failed} failed, "
-                    f"pgbench {r.pgbench_cpu / r.seconds:.2f} cores{pg}{per_cycle}",
-                )
+            await window.close()
+            cycles = round(r.cycles_per_second * r.seconds)
+            window.python_cpu = None  # no Python in this layer; pgbench's own CPU is the client's
+            self.layer(
+                key,
+                f"{name}, {c.concurrency} clients",
+                cycles,
+                window,
+                f"pgbench {r.pgbench_cpu / max(cycles, 1) * 1000:.2f} ms/cycle, {r.failed} failed",
             )
 
     async def floors(self, url: str) -> None:
-        """2. asyncpg in one process: the bare statements, then the repository functions."""
+        """1d-e. In this process: asyncpg alone (the same statements), then the ASGI app (no socket)."""
         c = self.config
-        for kind, name in (
-            ("statements", "floor: asyncpg, same statements"),
-            ("repository", "floor: asyncpg + repository/domain"),
-        ):
-            progress(f"{name}, {c.concurrency} tasks")
-            r = await run_floor(url, kind, c.concurrency, c.warmup, c.duration, f"floor-{kind}")
-            if kind == "statements":
-                self.floor_rate = r.cycle_rate
-            self.add(
-                Row(
-                    "2",
-                    f"{name}, 1 process",
-                    f"{r.cycle_rate:,.0f} cycles/s",
-                    r.latency("cycle"),
-                    notes="latency per cycle (3 transactions), no HTTP",
-                )
-            )
+        progress(f"asyncpg alone: {c.concurrency} tasks, {c.warmup:g} s warm-up + {c.duration:g} s")
+        if c.warmup > 0:
+            await run_floor(url, "statements", c.concurrency, 0.0, c.warmup, "floor-warm")
+        window = self.window(url)
+        await window.open()
+        r = await run_floor(url, "statements", c.concurrency, 0.0, c.duration, "floor")
+        await window.close()
+        self.layer("asyncpg", "asyncpg alone, same statements, 1 process", r.cycles, window)
+        progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s")
+        window = self.window(url)
+        warm = max(int(c.warmup * 300), 30)
+        app = await run_in_process(url, 900, c.concurrency, warm, "asgi", c.duration, window)
+        unexpected = {k: v for k, v in app.statuses.items() if not k.endswith((" 200", " 201"))}
+        self.layer(
+            "asgi",
+            "ASGI app in process (no HTTP server), 1 process",
+            app.cycles,
+            window,
+            f"{app.cpu_per_request_ms:.3f} ms Python per request; a 429 before routing "
+            f"{app.refusal_cpu_us:.0f} us ({app.refusals} refused); "
+            + (f"unexpected {unexpected}" if unexpected else "0 errors"),
+        )
+        self.asgi_refusal_us = app.refusal_cpu_us
 
     async def service_phase(self, url: str) -> None:
-        """3-5. The service over HTTP: cycles, replays, contention."""
+        """1f, 2-5. The service over HTTP: full cycles (the last layer), its calls, replays, contention,
+        the noisy neighbour, and (asked for) the journal."""
         c = self.config
         service = ServiceProcess(url, self.secret, c.workers, self.workdir)
         progress(f"service: serve --workers {c.workers}")
         await service.start()
         try:
             gen = self.generator(service)
-            probe = Probe(service, self.cluster.postmaster)
+            window = self.window(url, service.cpu_seconds)
             progress(
                 f"service: {c.concurrency} executors via {self.generator_name}, {c.warmup:g} s warm-up"
                 f" + {c.duration:g} s"
             )
-            r = await self.measured_cycles(gen, probe, c.warmup, c.duration, "cyc")
-            self.service_rate = r.cycle_rate
-            self._service_rows(r, probe)
+            r = await self.measured_cycles(gen, window, c.warmup, c.duration, "cyc")
+            rss = service.rss_mb()
+            self._service_rows(r, window, rss)
             await self.replay(gen, url)
             await self.contention(gen)
             await self.neighbour(gen)
-            await self.journal(service, url)
+            if c.journal:
+                await self.journal(service, url)
         finally:
             await service.stop()
 
-    def _service_rows(self, r: LoadResult, probe: Probe) -> None:
+    def _service_rows(self, r: LoadResult, window: Window, rss: list[float]) -> None:
         c = self.config
-        window = max(r.window, 1e-9)
-        self.add(
-            Row(
-                "3",
-                f"service: full cycles, {c.concurrency} executors",
-                f"{r.cycle_rate:,.0f} cycles/s",
-                notes=f"serve --workers {c.workers}, {c.duration:g} s after {c.warmup:g} s warm-up, "
-                f"{errors_note(r)}",
-            )
+        self.layer(
+            "service",
+            f"full service: serve --workers {c.workers}, {c.concurrency} executors over HTTP",
+            r.cycles,
+            window,
+            f"{self.generator_name}, {errors_note(r)}",
         )
+        cycles = max(r.cycles, 1)
+        self.service_cpu_per_request_ms = (window.python_cpu or 0.0) / (3 * cycles) * 1000
         for call in CALLS:
             lat = r.latency(call)
             target = ""
             if call == "claim":
+                self.claim_p99 = lat.p99
                 target = f"p99 <= {CLAIM_P99_MS:g} ms: {verdict(lat.p99 <= CLAIM_P99_MS)}"
-            self.add(Row("3", f"service: {call}", f"{lat.count / window:,.0f} calls/s", lat, target=target))
-        share = r.generator_cpu / (window * self.cores)
+            rate = f"{lat.count / max(r.window, 1e-9):,.0f} calls/s"
+            self.add(Row("2", f"service: {call}", rate, lat, target=target))
+        share = r.generator_cpu / (max(r.window, 1e-9) * self.cores)
         self.add(
             Row(
-                "3",
+                "2",
                 "service: load generator CPU",
                 f"{share:.0%} of {self.cores} cores",
                 notes=self.generator_name,
             )
         )
-        cycles = max(r.cycles, 1)
-        pg_cpu = probe.postgres_cpu
-        pg = "n/a" if pg_cpu is None else f"{pg_cpu / cycles * 1000:.2f} ms"
-        pg_cores = "" if pg_cpu is None else f", PostgreSQL {pg_cpu / window:.2f} cores"
-        self.service_cpu_per_cycle_ms = probe.service_cpu / cycles * 1000
-        ok = self.service_cpu_per_cycle_ms <= SERVICE_CPU_PER_CYCLE_MS
+        worst = max(rss, default=float("nan"))
         self.add(
             Row(
-                "3",
-                "service: CPU per cycle",
-                f"service {self.service_cpu_per_cycle_ms:.2f} ms",
-                target=f"<= {SERVICE_CPU_PER_CYCLE_MS:g} ms: {verdict(ok)}",
-                notes=f"PostgreSQL {pg}; service {probe.service_cpu / window:.2f} cores{pg_cores}",
-            )
-        )
-        worst = max(probe.rss, default=float("nan"))
-        self.add(
-            Row(
-                "3",
+                "2",
                 "service: RSS per worker",
-                " / ".join(f"{m:.0f} MiB" for m in probe.rss),
+                " / ".join(f"{m:.0f} MiB" for m in rss),
                 target=f"<= {RSS_PER_WORKER_MB:g} MiB: {verdict(worst <= RSS_PER_WORKER_MB)}",
                 notes="at the end of the measured window",
             )
@@ -323,7 +349,7 @@ class Bench:
         r = await gen.replays(c.concurrency, c.replay_duration, "rep", ids)
         self.add(
             Row(
-                "4",
+                "3",
                 "replay: claims of committed IDs",
                 f"{r.request_rate:,.0f} req/s",
                 r.latency("claim"),
@@ -346,7 +372,7 @@ class Bench:
         ok = exact == len(hot)
         self.add(
             Row(
-                "5",
+                "3",
                 f"contention: {c.contention_executors} executors, {c.hot_ids} hot IDs",
                 f"{r.request_rate:,.0f} req/s",
                 r.latency("claim"),
@@ -360,10 +386,13 @@ class Bench:
         c = self.config
         progress(
             f"neighbour: {QUIET_EXECUTORS} quiet executors alone, then beside a flood of "
-            f"{FLOOD_TASKS} connections, {c.replay_duration:g} s each"
+            f"{FLOOD_TASKS} connections, {c.neighbour_duration:g} s each"
         )
         token = mint_token(self.secret, FLOOD_TENANT, FLOOD_PRINCIPAL, SCOPE, Settings.from_env(), 6 * 3600)
-        for row in await neighbour_rows(gen, token, min(c.warmup, 2.0), c.replay_duration):
+        rows, self.neighbour_factor = await neighbour_rows(
+            gen, token, min(c.warmup, 2.0), c.neighbour_duration
+        )
+        for row in rows:
             self.add(row)
 
     async def journal(self, service: ServiceProcess, url: str) -> None:
@@ -399,8 +428,8 @@ class Bench:
                     progress(f"growth: loaded and analysed in {seconds:.0f} s")
                     have = size
                 progress(f"growth: {size:,} rows, {c.growth_duration:g} s of cycles")
-                probe = Probe(service, None)
-                r = await self.measured_cycles(gen, probe, min(c.warmup, 2.0), c.growth_duration, f"g{size}")
+                window = self.window(url, service.cpu_seconds)
+                r = await self.measured_cycles(gen, window, min(c.warmup, 2.0), c.growth_duration, f"g{size}")
                 claim = r.latency("claim")
                 empty_p50 = claim.p50 if empty_p50 is None else empty_p50
                 sizes = "; ".join(
@@ -414,7 +443,7 @@ class Bench:
                     target = f"p50 <= {GROWTH_P50_FACTOR:g} x {baseline}: {ok} ({factor:.2f}x)"
                 self.add(
                     Row(
-                        "6",
+                        "5",
                         f"growth: {size:,} rows, claim",
                         f"{r.cycle_rate:,.0f} cycles/s",
                         claim,
@@ -425,32 +454,82 @@ class Bench:
         finally:
             await service.stop()
 
-    def ratios(self) -> None:
-        """7. Service over limit and over floor, last."""
-        to_limit = self.service_rate / self.limit_rate if self.limit_rate else float("nan")
-        previous = self.previous_limit_rate
-        to_previous = self.service_rate / previous if previous else float("nan")
-        to_floor = self.service_rate / self.floor_rate if self.floor_rate else float("nan")
-        self.add(
-            Row(
-                "7",
-                "ratio service/limit",
-                f"{to_limit:.2f}",
-                target=f">= {SERVICE_TO_LIMIT:.2f}: {verdict(to_limit >= SERVICE_TO_LIMIT)}",
-                notes="limit = one statement per call",
-            )
-        )
-        self.add(
-            Row(
-                "7",
-                "ratio service/old limit",
-                f"{to_previous:.2f}",
-                notes="old limit = previous SQL, 4-5 statements per call",
-            )
-        )
-        self.add(Row("7", "ratio service/floor", f"{to_floor:.2f}", notes="floor = asyncpg, same statements"))
-        for row in self.deferred:
+    def quiet(self) -> tuple[bool, str]:
+        """Whether ratios between rows may be reported: the machine was quiet (see QUIET_RULE)."""
+        busiest = max((layer.window.other_cores for layer in self.layers.values()), default=0.0)
+        if self.load_before > QUIET_LOAD:
+            return False, f"load average {self.load_before:.2f} > {QUIET_LOAD:g} at the start"
+        if busiest > QUIET_OTHER_CORES:
+            return False, f"other processes used {busiest:.2f} cores during a layer (> {QUIET_OTHER_CORES:g})"
+        return True, f"load average {self.load_before:.2f} at the start, other load <= {busiest:.2f} cores"
+
+    def targets(self) -> None:
+        """7. PASS/MISS per target of issue 20; ratios between rows only when the machine was quiet."""
+        for row in self.deferred:  # the journal's rows (6), measured while the service ran
             self.add(row)
+        quiet, why = self.quiet()
+        lean, service = self.layers.get("lean"), self.layers.get("service")
+
+        def ratio_row(name: str, value: float, goal: str, ok: bool, notes: str) -> None:
+            if quiet:
+                self.add(Row("7", name, f"{value:.2f}", target=f"{goal}: {verdict(ok)}", notes=notes))
+            else:
+                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=f"busy: {why}"))
+
+        if lean and service:
+            to_lean = service.rate / lean.rate if lean.rate else float("nan")
+            ratio_row(
+                "service / lean yardstick, cycles/s",
+                to_lean,
+                f">= {SERVICE_TO_LIMIT:.2f}",
+                to_lean >= SERVICE_TO_LIMIT,
+                f"{service.rate:,.0f} / {lean.rate:,.0f} cycles/s",
+            )
+            pg = service.pg_ms() / lean.pg_ms() if lean.pg_ms() > 0 else float("nan")
+            ratio_row(
+                "PostgreSQL CPU per cycle, service / lean",
+                pg,
+                f"<= {PG_CPU_TO_LEAN:.1f}",
+                pg <= PG_CPU_TO_LEAN,
+                f"{service.pg_ms():.2f} / {lean.pg_ms():.2f} ms",
+            )
+        self.add(
+            Row(
+                "7",
+                "claim p99 at 16 executors, ms",
+                ms(self.claim_p99),
+                target=f"<= {CLAIM_P99_MS:g}: {verdict(self.claim_p99 <= CLAIM_P99_MS)}",
+                notes="row 2, service: claim",
+            )
+        )
+        fair = self.neighbour_factor <= NEIGHBOUR_P99_FACTOR
+        self.add(
+            Row(
+                "7",
+                "noisy neighbour: quiet p99 beside the flood / alone",
+                f"{self.neighbour_factor:.2f}",
+                target=f"<= {NEIGHBOUR_P99_FACTOR:g}: {verdict(fair)}",
+                notes="row 4",
+            )
+        )
+        per_request = self.service_cpu_per_request_ms
+        lean_enough = per_request <= PYTHON_CPU_PER_REQUEST_MS
+        asgi = self.layers.get("asgi")
+        in_process = (
+            ""
+            if asgi is None
+            else f"; in process {(asgi.window.python_cpu or 0.0) / max(3 * asgi.cycles, 1) * 1000:.3f} ms"
+        )
+        self.add(
+            Row(
+                "7",
+                "Python CPU per request (service), ms",
+                f"{per_request:.3f}",
+                target=f"<= {PYTHON_CPU_PER_REQUEST_MS:g}: {verdict(lean_enough)}",
+                notes=f"every serve process, HTTP server included{in_process}",
+            )
+        )
+        self.add(Row("7", "ratios reported", "yes" if quiet else "no", notes=f"{why}; rule: {QUIET_RULE}"))
 
     def title(self) -> list[str]:
         """Lines above the table: machine, server, shape of the run."""
@@ -460,6 +539,8 @@ class Bench:
             f"effect-ledger bench: {machine().describe()}",
             f"PostgreSQL {self.cluster.version} ({where}); serve --workers {c.workers}; "
             f"{c.concurrency} executors; load generator {self.generator_name}",
+            f"load average: {self.load_before:.2f} before, {self.load_after:.2f} after (one minute; the run "
+            f"itself keeps the cores busy, so 'after' is high on a quiet machine too)",
         ]
 
 
@@ -474,11 +555,15 @@ async def run_bench(config: BenchConfig) -> str:
             lambda: bench.limit(url),
             lambda: bench.floors(url),
             lambda: bench.service_phase(url),
-            bench.growth,
         ]
+        if config.growth_sizes:
+            phases.append(bench.growth)
+        started = time.monotonic()
         for phase in phases:
             await phase()
-        bench.ratios()
+        bench.load_after = load_average()
+        bench.targets()
+        progress(f"done in {time.monotonic() - started:.0f} s")
         return render(bench.title(), bench.rows)
     finally:
         await cluster.close()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 import structlog
 
-from effect_ledger.domain.redaction import redact_secrets
+from effect_ledger.domain.redaction import redact_secrets, redact_value
 
 
 class _CurrentStdout:
@@ -61,10 +62,55 @@ def for_people(log_format: str = "auto") -> bool:
     return log_format == "console" or (log_format == "auto" and sys.stdout.isatty())
 
 
+class _Lines:
+    """How the request summary line is written: the level it needs, and whether JSON lines are on."""
+
+    level = logging.INFO
+    json = True
+
+
+LINES = _Lines()
+
+
+def summary_enabled(level: int) -> bool:
+    """Whether a summary line at `level` (logging.INFO, logging.DEBUG) is written at all."""
+    return level >= LINES.level
+
+
+def write_summary(
+    level: int, fields: dict[str, Any], untrusted: tuple[str, ...], context: dict[str, Any] | None = None
+) -> None:
+    """One request summary line in a single pass: the same JSON object the structlog chain writes
+    (the bound context, `level`, `timestamp`, redacted), built directly. Only the fields named in
+    `untrusted` (and every context value) can carry caller text, so only they go through redaction;
+    the others are controlled (route templates, methods, statuses, codes, durations).
+    For people (the console renderer), the line takes the ordinary structlog path."""
+    name = "info" if level >= logging.INFO else "debug"
+    event = fields.pop("event")
+    if not LINES.json:
+        logger = structlog.get_logger("effect_ledger.http")
+        (logger.info if level >= logging.INFO else logger.debug)(event, **fields)
+        return
+    for key in untrusted:
+        value = fields[key]
+        if isinstance(value, str):
+            fields[key] = redact_value(value)
+    bound = structlog.contextvars.get_contextvars() if context is None else context  # read once by the caller
+    for key, value in bound.items():
+        if key not in fields:
+            fields[key] = value if value is None or isinstance(value, int | float) else redact_value(value)
+    fields["event"] = event
+    fields["level"] = name
+    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    STDOUT.write(_ENCODER.encode(fields).decode("utf-8") + "\n")
+    STDOUT.flush()
+
+
 def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     """Configure structlog and the stdlib root logger; safe to call again (the last call wins)."""
     numeric = level_number(level)
     renderer: Any = structlog.dev.ConsoleRenderer(colors=True) if for_people(log_format) else _RENDER
+    LINES.level, LINES.json = numeric, renderer is _RENDER
     structlog.configure(
         processors=[*_PRE_CHAIN, redact_secrets, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

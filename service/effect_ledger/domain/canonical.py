@@ -54,7 +54,12 @@ def canonical_json(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> byte
 
 def intent_digest(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
     """Return "sha256:" plus the lowercase hex SHA-256 of the value's canonical JSON."""
-    return "sha256:" + hashlib.sha256(canonical_json(value, max_depth=max_depth)).hexdigest()
+    return digest_of_canonical(canonical_json(value, max_depth=max_depth))
+
+
+def digest_of_canonical(canonical: bytes) -> str:
+    """The intent digest of an already canonical encoding (see intent_digest)."""
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
 def _write(value: object, parts: list[str], depth: int, max_depth: int) -> None:

@@ -14,8 +14,8 @@ def format_ts(moment: datetime | None) -> str | None:
     """Render a timestamp as `YYYY-MM-DDTHH:MM:SS.mmmZ` (or None)."""
     if moment is None:
         return None
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    # isoformat is several times cheaper than strftime; four-digit years are all the ledger holds
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_ts(text: str) -> datetime:

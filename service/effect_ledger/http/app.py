@@ -27,6 +27,7 @@ from effect_ledger.http.console import (
 from effect_ledger.http.diagnostics import DiagnosticsController
 from effect_ledger.http.docs import docs_assets, docs_plugin
 from effect_ledger.http.executor import ExecutorController
+from effect_ledger.http.fastpath import ExecutorFastPath
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.journal import JournalController
@@ -102,8 +103,10 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         debug=False,
         logging_config=None,  # logs.configure_logging owns logging: JSON, redacted
     )
-    # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too.
-    app.asgi_handler = RequestTelemetry(ConsoleHeaders(app.asgi_handler), metrics)
+    # Outermost: request IDs, summary lines and latencies cover 404s and problem answers too. Then the
+    # executor calls, served before routing (http.fastpath); the console's headers wrap only its paths.
+    routed = ConsoleHeaders(app.asgi_handler)
+    app.asgi_handler = RequestTelemetry(ExecutorFastPath(routed, settings.max_body_bytes), metrics)
     document_problems(app)
     app.state.metrics = metrics
     app.state.journal_metrics = JournalMetrics(metrics.registry)

@@ -7,6 +7,7 @@ import re
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -65,6 +66,9 @@ class TokenVerifier:
         # Tokens that passed every check, with their exp: an executor sends one token with every call,
         # and the signature check was a fifth of the service's CPU per cycle (profiled). Bounded, LRU.
         self._verified: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
+        # Tokens that failed for good (bad signature, expired, malformed), with their 401's detail: a
+        # flood of one bad token costs a dict lookup per request, not a signature check. Bounded, FIFO.
+        self._refused: dict[str, str] = {}
         self._jwks: jwt.PyJWKSet | None = None
         self._key: Any
         if self.algorithm == "HS256":
@@ -102,7 +106,17 @@ class TokenVerifier:
                 self._verified.move_to_end(token)
                 return caller
             del self._verified[token]
-        caller, expires = self._verify_fully(token)
+        refused = self._refused.get(token)
+        if refused is not None:
+            raise _unauthenticated(refused)
+        try:
+            caller, expires = self._verify_fully(token)
+        except LedgerError as error:
+            if not isinstance(error.__context__, jwt.ImmatureSignatureError):  # only time makes that one good
+                self._refused[token] = error.detail
+                if len(self._refused) > VERIFIED_TOKENS:
+                    self._refused.pop(next(iter(self._refused)))
+            raise
         self._verified[token] = (caller, expires)
         if len(self._verified) > VERIFIED_TOKENS:
             self._verified.popitem(last=False)
@@ -148,18 +162,56 @@ def _is_identity(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and IDENTITY.fullmatch(value) is not None
 
 
+CALLER_KEY = "effect_ledger.caller"  # the verified caller, in the request's scope
+ADMITTED_KEY = "effect_ledger.admitted"  # the rate limit was charged already (http.fastpath)
+
+
+def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The bearer token of a request's raw ASGI headers, or 401 (the first Authorization header counts)."""
+    for name, value in headers:
+        if name == b"authorization" or name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            break
+    raise _unauthenticated("A bearer token is required.")
+
+
+def admit(scope: Any, state: Any, scopes: Iterable[str]) -> Caller:
+    """The whole admission of one request from its scope: the token (from the verifier's cache once
+    seen), the scope check (403) and the rate limit (429), in that order. Used before routing by
+    http.fastpath and, through `requires`, by every guarded route."""
+    caller = scope.get(CALLER_KEY)
+    if not isinstance(caller, Caller):
+        token = bearer_token(scope["headers"])  # a missing token is refused before anything else
+        verifier: TokenVerifier = state.verifier
+        caller = verifier.verify(token)
+        scope[CALLER_KEY] = caller
+    if scopes and caller.scopes.isdisjoint(scopes):
+        raise LedgerError("forbidden", "The token lacks the scope this call needs.")
+    # After the token, before the body is read and before any database work (docs/api.md section 4).
+    if not scope.get(ADMITTED_KEY):
+        charge(state, caller)
+    return caller
+
+
+def charge(state: Any, caller: Caller) -> None:
+    """Take one request from the caller's rate limit (429 rate_limited when it is spent); the API's
+    guards and the console's sessions share the one bucket of each tenant and principal."""
+    limiter: RateLimiter | None = getattr(state, "limiter", None)
+    if limiter is not None:
+        limiter.check(caller.tenant, caller.principal)
+
+
 def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """Verify the request's bearer token once and remember the caller on the connection."""
-    cached = connection.scope.get("effect_ledger.caller")
+    cached = connection.scope.get(CALLER_KEY)
     if isinstance(cached, Caller):
         return cached
-    header = connection.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthenticated("A bearer token is required.")
+    token = bearer_token(connection.scope["headers"])
     verifier: TokenVerifier = connection.app.state.verifier
-    caller = verifier.verify(token.strip())
-    connection.scope["effect_ledger.caller"] = caller  # type: ignore[typeddict-unknown-key]
+    caller = verifier.verify(token)
+    connection.scope[CALLER_KEY] = caller  # type: ignore[literal-required]
     return caller
 
 
@@ -169,13 +221,7 @@ def requires(*scopes: str) -> Guard:
     # async although it never awaits: Litestar runs a sync guard in a worker thread on every request,
     # and that hop (plus the GIL hand-over back) cost more than verifying the token here.
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        caller = authenticate(connection)
-        if scopes and caller.scopes.isdisjoint(scopes):
-            raise LedgerError("forbidden", "The token lacks the scope this call needs.")
-        # After the token, before the body is read and before any database work (docs/api.md section 4).
-        limiter: RateLimiter | None = getattr(connection.app.state, "limiter", None)
-        if limiter is not None:
-            limiter.check(caller.tenant, caller.principal)
+        admit(connection.scope, connection.app.state, scopes)
 
     return guard
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 
 from effect_ledger.db import ledger as repo
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.claims import ClaimRequest
 from effect_ledger.domain.errors import not_found
 from effect_ledger.domain.model import Binding, Operation, operation_view
@@ -32,12 +33,25 @@ from effect_ledger.http.schemas import (
 OPERATION_PATH = "/v1/operations/{operation_id:str}"
 
 
+class Reply(NamedTuple):
+    """An executor call's answer before any framework sees it: status, JSON content, extra headers."""
+
+    status: int
+    content: dict[str, Any]
+    headers: dict[str, str] | None = None
+
+
 def view_response(op: Operation, status: int = 200, **extra: Any) -> Response[dict[str, Any]]:
     """The operation view (plus `incident` where one was stored) as a JSON answer."""
     return Response({**operation_view(op), **extra}, status_code=status)
 
 
-def answer(outcome: repo.Outcome, caller: Caller) -> Response[dict[str, Any]]:
+def respond(reply: Reply) -> Response[Any]:
+    """A reply as Litestar's response (the routed handlers; the fast path sends replies itself)."""
+    return Response(reply.content, status_code=reply.status, headers=reply.headers)
+
+
+def answer(outcome: repo.Outcome, caller: Caller) -> Reply:
     """A write-path outcome as the API answers it: the view (and incident), or the refusal's problem.
     An executor-only caller without the current attempt's token learns nothing of another principal's
     operation: its stale_claim reads as a missing operation (API.md section 3). The token, not the
@@ -49,9 +63,10 @@ def answer(outcome: repo.Outcome, caller: Caller) -> Response[dict[str, Any]]:
     if outcome.refusal is not None:
         raise outcome.refusal.error()
     assert outcome.operation is not None
+    view = operation_view(outcome.operation)
     if outcome.incident is not None:
-        return view_response(outcome.operation, incident=outcome.incident)
-    return view_response(outcome.operation)
+        view["incident"] = outcome.incident
+    return Reply(200, view)
 
 
 def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRequest:
@@ -68,20 +83,58 @@ def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRe
     )
 
 
-def claim_answer(operation_id: str, result: repo.ClaimResult) -> Response[Any]:
+def claim_answer(operation_id: str, result: repo.ClaimResult) -> Reply:
     """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal."""
     if result.refusal is not None:
         raise result.refusal.error()
     view = operation_view(result.operation)
     if result.verdict == "reuse_receipt":
-        return Response({"action": "reuse_receipt", "operation": view}, status_code=200)
+        return Reply(200, {"action": "reuse_receipt", "operation": view})
     op = result.operation
     claim = {"attempt": op.attempt, "token": result.token, "lease_expires_at": view["lease_expires_at"]}
     headers = {"Location": f"/v1/operations/{operation_id}"}
     if result.verdict == "replay":
         headers["Idempotent-Replayed"] = "true"
-    body = {"action": "execute", "operation": view, "claim": claim}
-    return Response(body, status_code=201, headers=headers)
+    return Reply(201, {"action": "execute", "operation": view, "claim": claim}, headers)
+
+
+# The four executor calls, shared by the routed handlers below and by http.fastpath (same code, same
+# answers): each takes the verified caller, the ledger, the operation ID and the strictly decoded body.
+
+
+async def run_claim(ledger: Ledger, caller: Caller, operation_id: str, data: ClaimBody) -> Reply:
+    """Claim (with `submit`, submit too)."""
+    req = claim_request(operation_id, caller, data)
+    return claim_answer(operation_id, await repo.claim(ledger, caller.tenant, req, data.client_nonce))
+
+
+async def run_submit(ledger: Ledger, caller: Caller, operation_id: str, data: SubmitBody) -> Reply:
+    """pending -> submitted."""
+    outcome = await repo.submit(
+        ledger, caller.tenant, operation_id, data.token, data.effect_ref, data.lease_seconds
+    )
+    return answer(outcome, caller)
+
+
+async def run_heartbeat(ledger: Ledger, caller: Caller, operation_id: str, data: HeartbeatBody) -> Reply:
+    """Extend the lease."""
+    outcome = await repo.heartbeat(ledger, caller.tenant, operation_id, data.token, data.lease_seconds)
+    return answer(outcome, caller)
+
+
+async def run_complete(ledger: Ledger, caller: Caller, operation_id: str, data: CompleteBody) -> Reply:
+    """Record the outcome (and complete(unknown)'s diagnostics as an incident)."""
+    incident = outcome_incident(caller, operation_id, data)
+    report = Report(
+        data.outcome,
+        receipt_content(data.receipt, data.outcome),
+        reason_content(data.reason, data.outcome),
+        incident=None if incident is None else incident.incident_id,
+    )
+    outcome = await repo.complete(
+        ledger, caller.tenant, operation_id, caller.principal, data.token, report, incident
+    )
+    return answer(outcome, caller)
 
 
 class ExecutorController(Controller):
@@ -105,41 +158,21 @@ class ExecutorController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ClaimBody]
     ) -> Response[Any]:
         """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
-        caller = caller_of(request)
-        req = claim_request(operation_id, caller, data)
-        result = await repo.claim(ledger_of(request), caller.tenant, req, data.client_nonce)
-        return claim_answer(operation_id, result)
+        return respond(await run_claim(ledger_of(request), caller_of(request), operation_id, data))
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
     async def submit(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
-        caller = caller_of(request)
-        return answer(
-            await repo.submit(
-                ledger_of(request),
-                caller.tenant,
-                operation_id,
-                data.token,
-                data.effect_ref,
-                data.lease_seconds,
-            ),
-            caller,
-        )
+        return respond(await run_submit(ledger_of(request), caller_of(request), operation_id, data))
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[HeartbeatBody]
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
-        caller = caller_of(request)
-        return answer(
-            await repo.heartbeat(
-                ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
-            ),
-            caller,
-        )
+        return respond(await run_heartbeat(ledger_of(request), caller_of(request), operation_id, data))
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
@@ -147,26 +180,7 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Record committed, not_applied or unknown (a late report from unknown too); complete(unknown)'s
         diagnostics are stored with the transition, and the answer names their incident."""
-        caller = caller_of(request)
-        incident = outcome_incident(caller, operation_id, data)
-        report = Report(
-            data.outcome,
-            receipt_content(data.receipt, data.outcome),
-            reason_content(data.reason, data.outcome),
-            incident=None if incident is None else incident.incident_id,
-        )
-        return answer(
-            await repo.complete(
-                ledger_of(request),
-                caller.tenant,
-                operation_id,
-                caller.principal,
-                data.token,
-                report,
-                incident,
-            ),
-            caller,
-        )
+        return respond(await run_complete(ledger_of(request), caller_of(request), operation_id, data))
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:

@@ -15,6 +15,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from msgspec import Meta, Struct
 
 from effect_ledger.db import journal as repo
+from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError, not_found, unsupported_schema
 from effect_ledger.domain.journal_context import select_context
 from effect_ledger.domain.journal_history import AppendCommand, Caps, Replayed
@@ -58,11 +59,13 @@ def _reader(caller: Caller) -> str | None:
 
 
 async def session_projection(
-    request: Request[Any, Any, Any], caller: Caller, session_id: str
+    request: Request[Any, Any, Any], caller: Caller, session_id: str, ledger: Ledger | None = None
 ) -> dict[str, Any]:
-    """The projection answer of one session the caller may read (the API's and the console's)."""
+    """The projection answer of one session the caller may read (the API's and the console's; the
+    console passes the audit pool's ledger)."""
     sid = _session_id(session_id)
-    snap, operations = await repo.read_with_effects(ledger_of(request), caller.tenant, sid, _reader(caller))
+    reading = ledger_of(request) if ledger is None else ledger
+    snap, operations = await repo.read_with_effects(reading, caller.tenant, sid, _reader(caller))
     return projection_view(sid, snap.revision, [(seq, r) for seq, _, r in snap.records], operations)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ TRANSITIONS = (
 RECONCILIATIONS = ("committed", "not_applied", "unresolved", "conflicting")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Claims and transitions take a few milliseconds; lock waits and timeouts take up to seconds.
+POOL_PUBLISH_SECONDS = 0.1  # multi-process: how often a worker publishes its pools' gauges
+_SERIES_REMEMBERED = 1024
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -240,6 +243,9 @@ class Metrics:
         self._admissions: dict[str, Any] = {}
         self._pools: dict[str, asyncpg.Pool] = {}
         self._multiprocess = multiprocess_dir() is not None
+        self._request_series: dict[tuple[str, str, int], Any] = {}
+        self._limited_series: dict[str, Any] = {}
+        self._pools_published = 0.0
 
     # --- the ledger observer (db.ledger.LedgerObserver) -------------------------------------
 
@@ -277,14 +283,29 @@ class Metrics:
     # --- requests and pools -----------------------------------------------------------------
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        """Count one answered request in the latency histogram."""
-        method = method if method in METHODS else "other"
-        self.requests.labels(route, method, f"{status // 100}xx").observe(seconds)
+        """Count one answered request in the latency histogram (its series looked up once per worker)."""
+        key = (route, method, status // 100)
+        series = self._request_series.get(key)
+        if series is None:
+            shown = method if method in METHODS else "other"
+            series = self.requests.labels(route, shown, f"{status // 100}xx")
+            if len(self._request_series) < _SERIES_REMEMBERED:  # routes and methods are bounded; be sure
+                self._request_series[key] = series
+        series.observe(seconds)
         if status == 429:
-            self.rate_limited.labels(route).inc()
+            limited = self._limited_series.get(route)
+            if limited is None:
+                limited = self.rate_limited.labels(route)
+                if len(self._limited_series) < _SERIES_REMEMBERED:
+                    self._limited_series[route] = limited
+            limited.inc()
         if self._multiprocess:
-            # Each process publishes its own pools; a scrape reaches only one of them.
-            self.refresh_pools()
+            # Each process publishes its own pools (a scrape reaches only one of them), a few times a
+            # second rather than on every request.
+            now = time.monotonic()
+            if now >= self._pools_published + POOL_PUBLISH_SECONDS:
+                self._pools_published = now
+                self.refresh_pools()
 
     def watch_pools(self, admissions: Mapping[str, Any] | None = None, **pools: asyncpg.Pool | None) -> None:
         """The pools whose connections (and queues, with `admissions`) the gauges report."""

@@ -41,20 +41,25 @@ def problem_body(error: LedgerError) -> dict[str, Any]:
     return body
 
 
-def problem_response(
-    error: LedgerError, headers: dict[str, str] | None = None, background: BackgroundTask | None = None
-) -> Response[Any]:
-    """A problem+json response with the headers the code calls for."""
+def problem_headers(error: LedgerError, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers a problem's code calls for (Retry-After, WWW-Authenticate), after `headers`."""
     all_headers = dict(headers or {})
     if error.retry_after is not None:
         all_headers["Retry-After"] = str(error.retry_after)
     if error.code == "unauthenticated":
         all_headers["WWW-Authenticate"] = "Bearer"
+    return all_headers
+
+
+def problem_response(
+    error: LedgerError, headers: dict[str, str] | None = None, background: BackgroundTask | None = None
+) -> Response[Any]:
+    """A problem+json response with the headers the code calls for."""
     return Response(
         problem_body(error),
         status_code=error.status,
         media_type=PROBLEM_JSON,
-        headers=all_headers,
+        headers=problem_headers(error, headers),
         background=background,
     )
 

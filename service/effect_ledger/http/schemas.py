@@ -14,7 +14,7 @@ from litestar.params import Parameter
 from litestar.typing import FieldDefinition
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, intent_digest
+from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, digest_of_canonical
 from effect_ledger.domain.diagnostics import Cause, Phase
 from effect_ledger.domain.errors import LedgerError, validation_failed
 from effect_ledger.domain.timefmt import format_ts, parse_ts
@@ -246,7 +246,7 @@ def claim_digest(body: ClaimBody) -> str:
         raise validation_failed([("intent", "is not representable as canonical JSON")]) from None
     if len(canonical) > MAX_INTENT_BYTES:
         raise validation_failed([("intent", "is larger than 64 KiB")])
-    return intent_digest(body.intent)
+    return digest_of_canonical(canonical)  # intent_digest's value, the canonical form computed once
 
 
 def receipt_content(

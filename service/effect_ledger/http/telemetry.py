@@ -6,9 +6,10 @@ handlers), so 404s, 405s and problem answers get the header and the log line as 
 
 from __future__ import annotations
 
+import logging
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from effect_ledger.domain.errors import PROBLEMS, LedgerError
 from effect_ledger.domain.model import EventDraft
 from effect_ledger.http.metrics import ATTEMPT_KINDS, CLAIM_RESULTS, METHODS, Metrics
 from effect_ledger.http.problems import PROBLEM_JSON, problem_body
+from effect_ledger.logs import summary_enabled, write_summary
 
 REQUEST_ID_HEADER = b"x-request-id"
 # A caller's request ID is kept only if it is short and harmless to log and to echo in a header.
@@ -28,6 +30,8 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 # Probes and scrapes come every few seconds: their lines are debug, unless they fail.
 QUIET_ROUTES = frozenset({"/livez", "/readyz", "/metrics"})
 UNMATCHED = "unmatched"
+ROUTE_KEY = "effect_ledger.route"  # the template of a route served before routing (http.fastpath)
+PROBLEM_CODE_KEY = "effect_ledger.problem_code"  # the code of a problem answered before routing
 _MAX_OPERATION_ID = 200
 _MAX_PROBLEM_BYTES = 64 * 1024
 
@@ -40,13 +44,18 @@ class _Problem(msgspec.Struct):
 
 def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
     """The caller's X-Request-ID when it is safe, else a new one."""
+    return request_id_chosen(headers)[0]
+
+
+def request_id_chosen(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, bool]:
+    """request_id_from's ID, and True when the caller chose it (its text is then screened in logs)."""
     for name, value in headers:
         if name.lower() == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
             if _SAFE_REQUEST_ID.fullmatch(text):
-                return text
+                return text, True
             break
-    return uuid.uuid4().hex
+    return secrets.token_hex(16), False  # 32 hex digits, as a uuid4's hex, without building the UUID
 
 
 @dataclass
@@ -104,33 +113,40 @@ def span_facts(call: str, outcome: str, category: str, events: Sequence[EventDra
 
 
 class RequestTelemetry:
-    """ASGI wrapper: request ID in and out, duration, one `request` log line, the latency histogram."""
+    """ASGI wrapper: request ID in and out, duration, one `request` log line, the latency histogram.
+
+    One pass per request, everything per-worker prepared up front: the request ID header is appended
+    to the answer's start message in place, the histogram series is looked up once per worker
+    (Metrics.observe_request), and the summary line is one dict written by logs.write_summary, with
+    only its caller-supplied values redacted. Spans are built only when tracing is on.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        # Bound once, after create_app configured logging: the lazy proxy rebuilds its logger on every
-        # call (about 150 us a line on a 2-core machine, measured); a bound logger does not.
-        self.log = log.bind()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # type: ignore[comparison-overlap]  # lifespan never gets here
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = request_id_from(scope["headers"])
+        request_id, chosen = request_id_chosen(scope["headers"])
         exchange = _Exchange()
         header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
+                headers = []
+                for name, value in message.get("headers", ()):
+                    lowered = name.lower()
+                    if lowered == REQUEST_ID_HEADER:
+                        continue  # ours replaces any other
+                    if lowered == b"content-type":
+                        exchange.problem = value.startswith(_PROBLEM_TYPE)
+                    headers.append((name, value))
+                headers.append(header)
                 exchange.status = message["status"]
-                exchange.problem = any(
-                    name.lower() == b"content-type" and value.startswith(PROBLEM_JSON.encode())
-                    for name, value in headers
-                )
-                message = {**message, "headers": [*headers, header]}
+                message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 if exchange.problem and len(exchange.body) < _MAX_PROBLEM_BYTES:
                     exchange.body += message.get("body", b"")
@@ -138,50 +154,81 @@ class RequestTelemetry:
                     exchange.finished = time.perf_counter()
             await send(message)
 
-        method = str(scope.get("method", ""))
-        method = method if method in METHODS else "other"
         # outcome=None first, so that the value a handler binds is reset with request_id afterwards.
-        with (
-            structlog.contextvars.bound_contextvars(request_id=request_id, outcome=None),
-            tracing.server_span(method, _trace_headers(scope)) as span,
-        ):
-            try:
-                await self.app(scope, receive, send_with_id)
-            except Exception as exc:
-                if exchange.status is not None:
-                    raise
-                # Exception handlers answer everything; this is the last resort if one of them fails.
-                log.error("unhandled_exception", exception_type=type(exc).__name__)
-                await _send_internal_error(send_with_id)
-            finally:
-                self._summarise(scope, exchange, started, span)
+        tokens = structlog.contextvars.bind_contextvars(request_id=request_id, outcome=None)
+        try:
+            if tracing.active():
+                method = str(scope.get("method", ""))
+                method = method if method in METHODS else "other"
+                with tracing.server_span(method, _trace_headers(scope)) as span:
+                    await self._run(scope, receive, send_with_id, exchange)
+                    self._summarise(scope, exchange, started, span, request_id, chosen)
+            else:
+                await self._run(scope, receive, send_with_id, exchange)
+                self._summarise(scope, exchange, started, None, request_id, chosen)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
 
-    def _summarise(self, scope: Scope, exchange: _Exchange, started: float, span: tracing.Span) -> None:
+    async def _run(self, scope: Scope, receive: Receive, send: Send, exchange: _Exchange) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            if exchange.status is not None:
+                raise
+            # Exception handlers answer everything; this is the last resort if one of them fails.
+            log.error("unhandled_exception", exception_type=type(exc).__name__)
+            await _send_internal_error(send)
+
+    def _summarise(
+        self,
+        scope: Scope,
+        exchange: _Exchange,
+        started: float,
+        span: tracing.Span,
+        request_id: str,
+        chosen: bool,
+    ) -> None:
         ended = exchange.finished or time.perf_counter()
         status = exchange.status or 500
         route = _route_of(scope)
         method = str(scope.get("method", ""))
         self.metrics.observe_request(route, method, status, ended - started)
-        code = _problem_code(exchange) if exchange.problem else None
+        code = scope.get(PROBLEM_CODE_KEY) or (_problem_code(exchange) if exchange.problem else None)
         if span is not None:
             span.update_name(f"{method if method in METHODS else 'other'} {route}")
             facts: dict[str, str | int] = {"http.route": route, "http.response.status_code": status}
             if code is not None and code in PROBLEMS:
                 facts["effect_ledger.refusal_code"] = code
             tracing.set_attributes(span, facts)
+        level = logging.DEBUG if route in QUIET_ROUTES and status < 500 else logging.INFO
+        if not summary_enabled(level):
+            return
         caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
-        quiet = route in QUIET_ROUTES and status < 500
-        (self.log.debug if quiet else self.log.info)(
-            "request",
-            route=route,
-            method=method,
-            status=status,
-            code=code,
-            tenant=getattr(caller, "tenant", None),
-            principal=getattr(caller, "principal", None),
-            operation_id=_operation_id(scope),
-            duration_ms=round((ended - started) * 1000, 3),
+        context = structlog.contextvars.get_contextvars()
+        write_summary(
+            level,
+            {
+                "request_id": request_id,
+                "outcome": context.get("outcome"),  # a bounded category (LedgerTelemetry)
+                "route": route,
+                "method": method,
+                "status": status,
+                "code": code,
+                "tenant": getattr(caller, "tenant", None),
+                "principal": getattr(caller, "principal", None),
+                "operation_id": _operation_id(scope),
+                "duration_ms": round((ended - started) * 1000, 3),
+                "event": "request",
+            },
+            _UNTRUSTED_WITH_ID if chosen else _UNTRUSTED,
+            context,
         )
+
+
+# Caller text in a summary line (the request ID too, when the caller chose it); the rest is controlled.
+_UNTRUSTED = ("method", "tenant", "principal", "operation_id")
+_UNTRUSTED_WITH_ID = (*_UNTRUSTED, "request_id")
+_PROBLEM_TYPE = PROBLEM_JSON.encode()
 
 
 def _trace_headers(scope: Scope) -> dict[str, str]:
@@ -195,6 +242,9 @@ def _trace_headers(scope: Scope) -> dict[str, str]:
 
 def _route_of(scope: Scope) -> str:
     """The matched route's template ("/v1/operations/{operation_id}/claim"), never the concrete path."""
+    served = scope.get(ROUTE_KEY)  # http.fastpath names its template itself
+    if served is not None and scope.get("route_handler") is None:
+        return str(served)
     handler = scope.get("route_handler")
     template = scope.get("path_template")
     if handler is None or not template:

@@ -24,7 +24,7 @@ from effect_ledger.http.console.access import holds, signed_in
 from effect_ledger.http.console.forms import field_problems
 from effect_ledger.http.console.render import page
 from effect_ledger.http.console.session import ConsoleSession
-from effect_ledger.http.context import ledger_of
+from effect_ledger.http.context import audit_ledger_of
 from effect_ledger.http.journal import session_projection
 from effect_ledger.http.paging import QueryProblems, encode_cursor, format_position
 from effect_ledger.http.reconciler import LIST_CURSOR
@@ -43,7 +43,7 @@ async def readable_operation(
     """The operation as the API's read gives it; an executor-only token sees only its own principal's."""
     if not OPERATION_ID.match(operation_id):
         raise not_found()
-    op = await repo.get_operation(ledger_of(request), session.caller.tenant, operation_id)
+    op = await repo.get_operation(audit_ledger_of(request), session.caller.tenant, operation_id)
     if not holds(session, RECONCILE, AUDIT) and op.binding.principal != session.caller.principal:
         raise not_found()
     return op
@@ -80,7 +80,7 @@ async def operation_context(
 ) -> tuple[Operation, list[dict[str, Any]] | None, Any]:
     """The operation, its events (reconcile/audit) and its chain verdict (audit), as the API reads them."""
     op = await readable_operation(request, session, operation_id)
-    ledger, tenant = ledger_of(request), session.caller.tenant
+    ledger, tenant = audit_ledger_of(request), session.caller.tenant
     events = (
         await repo.list_events(ledger, tenant, operation_id) if holds(session, RECONCILE, AUDIT) else None
     )
@@ -167,7 +167,7 @@ class ConsolePages(Controller):
         after = q.cursor(cursor, LIST_CURSOR)
         q.check()
         result = await reads.list_operations(
-            ledger_of(request),
+            audit_ledger_of(request),
             session.caller.tenant,
             status=UNKNOWN,
             tool=None,
@@ -216,7 +216,7 @@ class ConsolePages(Controller):
             filters,
             lambda: operations_page(
                 reads.list_operations(
-                    ledger_of(request),
+                    audit_ledger_of(request),
                     session.caller.tenant,
                     status=wanted,
                     tool=tool_name,
@@ -275,7 +275,7 @@ class ConsolePages(Controller):
             filters,
             lambda: receipts_page(
                 reads.list_receipts(
-                    ledger_of(request),
+                    audit_ledger_of(request),
                     session.caller.tenant,
                     since=start,
                     until=end,
@@ -297,7 +297,7 @@ class ConsolePages(Controller):
         after = q.cursor(cursor, ACCESS_CURSOR)
         q.check()
         result = await reads.list_access_log(
-            ledger_of(request), session.caller.tenant, since=None, after=after, limit=int(PAGE_SIZE)
+            audit_ledger_of(request), session.caller.tenant, since=None, after=after, limit=int(PAGE_SIZE)
         )
         return page(
             request,
@@ -338,5 +338,5 @@ class ConsolePages(Controller):
         Same rules as the API: journal:read reads the user's own sessions, ledger:audit any of the tenant's;
         anything else is the same not-found page. Reading dispatches nothing."""
         session = signed_in(request, JOURNAL_READ, AUDIT)
-        view = await session_projection(request, session.caller, session_id)
+        view = await session_projection(request, session.caller, session_id, audit_ledger_of(request))
         return page(request, "session.html", session, title="Journal session", view=view)

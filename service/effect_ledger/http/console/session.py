@@ -25,7 +25,7 @@ from litestar import Request, Response
 from litestar.datastructures import Cookie
 
 from effect_ledger.domain.errors import LedgerError
-from effect_ledger.http.auth import Caller, TokenVerifier
+from effect_ledger.http.auth import Caller, TokenVerifier, charge
 
 SESSION_COOKIE = "effect_ledger_console"
 LOGIN_COOKIE = "effect_ledger_console_login"  # ties the sign-in form's CSRF token to this browser
@@ -132,6 +132,7 @@ def sign_in(request: Request[Any, Any, Any], token: str) -> tuple[ConsoleSession
         raise LedgerError("unauthenticated", "This token is too large to keep in a browser session.")
     verifier: TokenVerifier = request.app.state.verifier
     caller = verifier.verify(token)
+    charge(request.app.state, caller)  # signing in is a request of this caller like any other
     # The token is verified: reading its exp claim now is not a second verification.
     expires_at = int(jwt.decode(token, options={"verify_signature": False})["exp"])
     csrf = secrets.token_urlsafe(32)
@@ -155,6 +156,9 @@ def current_session(request: Request[Any, Any, Any]) -> ConsoleSession:
     session = ConsoleSession(caller, content["c"], expires_at)
     request.scope["effect_ledger.console_session"] = session  # type: ignore[typeddict-unknown-key]
     request.scope[CALLER_KEY] = caller  # type: ignore[literal-required]  # the summary line names who
+    # Under the API's rate limit, once per request (the session is remembered first, so that the
+    # 429 page itself can still show who is signed in without being charged again).
+    charge(request.app.state, caller)
     return session
 
 

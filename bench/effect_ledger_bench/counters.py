@@ -1,0 +1,116 @@
+"""What one measured window cost, in counts that do not depend on load: CPU seconds of PostgreSQL, of
+the Python under test and of everything else on the machine, WAL bytes and commits.
+
+A `Window` is opened and closed around each layer's measurement. PostgreSQL's CPU is its process tree
+(tree_cpu_seconds); the Python under test is the service's process tree, or this process when the
+layer runs in it (asyncpg alone, the ASGI app); clients (pgbench, wrk, generator processes) are this
+process's reaped children. `other_cores` is the rest of the machine's busy time (from /proc/stat): the
+CPU that nobody in this run spent, i.e. how busy the machine was with something else.
+
+WAL bytes come from pg_current_wal_lsn(), and write transactions from the next transaction ID
+(pg_snapshot_xmax of the current snapshot, which assigns none itself): every transaction that writes
+gets one ID when it commits its first change, so the delta counts the cycle's commits. It is exact
+at once, where pg_stat_database.xact_commit lags under load (a busy backend reports its counts up to
+a minute late); a subtransaction that writes (a PL/pgSQL EXCEPTION block) takes an ID of its own and
+shows here as more than one per commit, which is worth seeing too. The server-wide figures include
+other databases: run the bench alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+
+from effect_ledger_bench.procs import children_cpu_seconds, self_cpu_seconds, tree_cpu_seconds
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+COUNTERS = """
+SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS lsn,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid
+"""
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine has been busy since boot (not idle, not iowait)."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()
+    v = [int(x) for x in first[1:8]]  # user nice system idle iowait irq softirq (steal: not this VM's)
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / _TICKS
+
+
+def load_average() -> float:
+    """The one-minute load average."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+@dataclass
+class Window:
+    """Counters at the start of a measurement, then the deltas once it is closed."""
+
+    url: str
+    postmaster: int | None
+    python: Callable[[], float] = self_cpu_seconds  # the Python under test (default: this process)
+    python_in_self: bool = True  # the Python under test is this process (do not count it twice)
+    seconds: float = 0.0
+    postgres_cpu: float | None = None
+    python_cpu: float | None = 0.0  # None: no Python in this layer (pgbench)
+    client_cpu: float = 0.0
+    other_cores: float = 0.0
+    wal_bytes: int = 0
+    commits: int = 0
+    _start: dict[str, float] = field(default_factory=dict)
+
+    async def _counters(self) -> tuple[int, int]:
+        conn = await asyncpg.connect(self.url)
+        try:
+            row = await conn.fetchrow(COUNTERS)
+        finally:
+            await conn.close()
+        return int(row["lsn"]), int(row["next_xid"])
+
+    async def open(self) -> None:
+        """Read every counter now."""
+        lsn, commits = await self._counters()
+        self._start = {
+            "wall": time.monotonic(),
+            "pg": tree_cpu_seconds(self.postmaster) if self.postmaster else 0.0,
+            "python": self.python(),
+            "self": self_cpu_seconds(),
+            "clients": children_cpu_seconds(),
+            "busy": machine_busy_seconds(),
+            "lsn": float(lsn),
+            "commits": float(commits),
+        }
+
+    async def close(self) -> None:
+        """Deltas since open()."""
+        s = self._start
+        self.seconds = time.monotonic() - s["wall"]
+        pg = tree_cpu_seconds(self.postmaster) - s["pg"] if self.postmaster else None
+        self.postgres_cpu = pg
+        python = self.python() - s["python"]
+        self.python_cpu = python
+        own = self_cpu_seconds() - s["self"]
+        self.client_cpu = children_cpu_seconds() - s["clients"]
+        busy = machine_busy_seconds() - s["busy"]
+        ours = (pg or 0.0) + self.client_cpu + own + (0.0 if self.python_in_self else python)
+        self.other_cores = max(busy - ours, 0.0) / max(self.seconds, 1e-9)
+        lsn, commits = await self._counters()
+        self.wal_bytes = lsn - int(s["lsn"])
+        self.commits = commits - int(s["commits"])
+
+    def per_cycle(self, cycles: int) -> str:
+        """PostgreSQL and Python CPU, WAL bytes and commits per cycle, and the machine's other load."""
+        n = max(cycles, 1)
+        pg_cpu = self.postgres_cpu
+        pg = "PostgreSQL n/a" if pg_cpu is None else f"PostgreSQL {pg_cpu / n * 1000:.2f} ms"
+        python = "no Python" if self.python_cpu is None else f"Python {self.python_cpu / n * 1000:.2f} ms"
+        return (
+            f"per cycle: {pg}, {python}, WAL {self.wal_bytes / n:,.0f} B, "
+            f"{self.commits / n:.2f} write xacts; "
+            f"other load {self.other_cores:.2f} cores"
+        )
