@@ -199,7 +199,6 @@ class Template:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="el-replication-"))
-        os.chmod(self.root, 0o755)
         give(self.root)
         self.node = Node(self.root, "template")
 
@@ -256,7 +255,6 @@ async def _create_database(node: Node) -> None:
 def scratch_root() -> Path:
     """A directory for one scenario's servers, owned by the unprivileged user."""
     root = Path(tempfile.mkdtemp(prefix="el-scenario-"))
-    os.chmod(root, 0o755)
     give(root)
     return root
 
