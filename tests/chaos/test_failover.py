@@ -23,21 +23,24 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 import pytest
 
-from effect_ledger.domain.timefmt import parse_ts
 from effect_ledger.settings import Settings
 from support.auth import token
+from support.durability import (
+    ACKNOWLEDGED,
+    ended_at,
+    incidents_missing,
+    lost_acknowledged,
+    writes_resumed_after,
+)
 from support.harness import (
     LONG,
     TOOL,
     TOOL_VERSION,
-    LedgerState,
     Sink,
     check_effects,
     check_ledger,
@@ -69,72 +72,6 @@ HOLD_SECONDS = 0.6  # the replication link is held this long before the kill
 DETECT_SECONDS = 0.4  # kill to promotion: failure detection (an operator's failoverDelay, shortened)
 AFTER_SECONDS = scale(2, 20)  # load after the promotion
 RESUME_LIMIT_SECONDS = 30.0
-ACKNOWLEDGED = {"claim": ("claimed", "reclaimed"), "submit": ("submitted",), "complete": ("completed",)}
-CLOCK_SLACK_SECONDS = 0.005  # events carry milliseconds
-
-
-def _ended_at(call: Any) -> float:
-    return float(call.wall + (call.ended - call.started))
-
-
-def lost_acknowledged(history: History, state: LedgerState) -> tuple[Counter[str], list[str]]:
-    """Acknowledged transitions the ledger does not hold as acknowledged, by kind, with details.
-
-    An event must be there at the answered attempt and have been recorded before the answer came:
-    a claim lost in the failover and then claimed again has an event of the same attempt, but a
-    later one. A committed completion's receipt must be the stored one."""
-    lost: Counter[str] = Counter()
-    details: list[str] = []
-    for call in history.calls:
-        if call.outcome != "ok" or call.kind not in ACKNOWLEDGED or not isinstance(call.body, dict):
-            continue
-        if call.kind == "claim" and call.body.get("action") == "reuse_receipt":
-            continue
-        view = call.body.get("operation", call.body)
-        key = ("t1", str(call.operation_id))
-        answered = _ended_at(call) + CLOCK_SLACK_SECONDS
-        events = [
-            e
-            for e in state.events.get(key, [])
-            if e["kind"] in ACKNOWLEDGED[call.kind]
-            and e["attempt"] == view["attempt"]
-            and (call.kind != "complete" or e["to_status"] == view["status"])
-            and parse_ts(e["at"]).timestamp() <= answered
-        ]
-        if not events:
-            lost[call.kind] += 1
-            details.append(
-                f"{call.operation_id}: {call.kind} (attempt {view['attempt']}) answered, then lost"
-            )
-            continue
-        if call.kind == "complete" and view["status"] == "committed":
-            stored = (state.operations[key].get("receipt") or {}).get("external_ref")
-            if stored != view["receipt"]["external_ref"]:
-                lost["receipt"] += 1
-                details.append(
-                    f"{call.operation_id}: acknowledged receipt {view['receipt']['external_ref']}, stored {stored}"
-                )
-    return lost, details
-
-
-def incidents_missing(history: History) -> list[str]:
-    """Every 503 names an incident."""
-    return [
-        f"{c.method} {c.path}: 503 without an incident"
-        for c in history.calls
-        if c.status == 503
-        and not (isinstance(c.body, dict) and str(c.body.get("incident", "")).startswith("inc_"))
-    ]
-
-
-def writes_resumed_after(history: History, moment: float) -> float | None:
-    """Seconds from `moment` to the first acknowledged write answered after it."""
-    ends = [
-        _ended_at(c)
-        for c in history.calls
-        if c.outcome == "ok" and c.kind in ACKNOWLEDGED and _ended_at(c) > moment
-    ]
-    return min(ends) - moment if ends else None
 
 
 async def sweeper_sweeps(service: Service, node: Node, operation_id: str, within: float = 15) -> float:
@@ -259,7 +196,7 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
                 acknowledged_while_held = sum(
                     1
                     for c in history.calls
-                    if c.outcome == "ok" and c.kind in ACKNOWLEDGED and held_at < _ended_at(c) < killed_at
+                    if c.outcome == "ok" and c.kind in ACKNOWLEDGED and held_at < ended_at(c) < killed_at
                 )
                 figures.operations = len(history.calls)
                 figures.faults = 1
