@@ -18,7 +18,6 @@ from effect_ledger.settings import Settings
 from support.auth import token
 from support.server import Service, free_port
 
-
 # What /readyz says of the tests' server (a unix socket, never promoted).
 SERVING = {"database": "ok", "migrations": "at_head", "server": "local", "timeline": 1, "primary_switches": 0}
 
