@@ -21,7 +21,9 @@ that it did lose acknowledged transitions (the point of synchronous commit) and 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -49,6 +51,7 @@ from support.harness import (
     scenario,
     timeout,
 )
+from support.processes import ServiceProcess
 from support.recording import History, check_answers
 from support.replication import (
     PASSWORD,
@@ -60,6 +63,7 @@ from support.replication import (
     scratch_root,
     wait_streaming,
 )
+from support.serve_process import effect_ledger_command
 from support.server import Service
 from support.workload import ledger_client, reconcile, run_executors
 
@@ -239,6 +243,69 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
             assert after["timeline"] == before["timeline"] + 1 and "lost_at" not in after
             assert statuses[503] > 0  # the switch was felt, and answered honestly
             assert primary.leftover_children() == []  # the killed postmaster's backends exited by themselves
+    finally:
+        await asyncio.to_thread(standby.stop)
+        await asyncio.to_thread(primary.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_template: Template) -> None:
+    """The CLI as outside programs run it: `effect-ledger migrate` and `serve` (server workers, each with
+    its own pools) on a URL naming the standby first; the standby is promoted after the primary dies,
+    and the same `serve` process carries on on it, /readyz reporting the switch."""
+    root = scratch_root()
+    primary = pg_template.copy(root, "primary")
+    standby = pg_template.copy(root, "standby")
+    primary.configure(synchronous_standby_names=STANDBY_NAME)
+    url = (
+        f"postgresql://postgres:{PASSWORD}@{standby.address},{primary.address}/effect_ledger"
+        "?target_session_attrs=read-write"
+    )
+    try:
+        async with ReplicationLink(primary.port) as link:
+            make_standby(standby, link.port)
+            await asyncio.to_thread(primary.start)
+            await asyncio.to_thread(standby.start)
+            await wait_streaming(primary, sync=True)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+            migrated = await asyncio.to_thread(
+                subprocess.run,
+                [*effect_ledger_command(), "migrate"],
+                env={**env, "EFFECT_LEDGER_DATABASE_URL": url},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+            headers = {"Authorization": f"Bearer {token('t1', 'exec-1', 'ledger:execute')}"}
+            body = {"tool": TOOL, "tool_version": TOOL_VERSION, "intent": {}}
+            async with (
+                ServiceProcess(url, workers=2, pool_acquire_timeout_ms=1000) as served,
+                httpx.AsyncClient(base_url=served.base_url, headers=headers, timeout=10) as http,
+            ):
+                assert (await http.post("/v1/operations/cli-0/claim", json=body)).status_code == 201
+                before = (await http.get("/readyz")).json()["checks"]
+                primary.kill9()
+                await link.cut()
+                refused = await http.post("/v1/operations/cli-1/claim", json=body)
+                await asyncio.to_thread(standby.promote)
+                promoted = time.monotonic()
+                while time.monotonic() - promoted < RESUME_LIMIT_SECONDS:
+                    answer = await http.post("/v1/operations/cli-1/claim", json=body)
+                    if answer.status_code != 503:
+                        break
+                    assert answer.json()["code"] == "unavailable" and answer.headers["retry-after"]
+                    await asyncio.sleep(0.1)
+                resumed = time.monotonic() - promoted
+                # every worker process follows (each has its own pools); /readyz lands on any of them
+                checks = [(await http.get("/readyz")).json()["checks"] for _ in range(6)]
+            assert answer.status_code == 201, (answer.status_code, answer.text, served.log_tail())
+            assert refused.status_code == 503 and refused.json()["incident"].startswith("inc_")
+            assert resumed < RESUME_LIMIT_SECONDS
+            assert before["server"] == primary.address
+            assert all(c["server"] == standby.address and c["database"] == "ok" for c in checks), checks
+            assert {c["timeline"] for c in checks} == {before["timeline"] + 1}
     finally:
         await asyncio.to_thread(standby.stop)
         await asyncio.to_thread(primary.stop)
