@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 RUNTIME_ROLE = "effect_ledger_runtime"
 READER_ROLE = "effect_ledger_diag_reader"
@@ -61,9 +61,9 @@ def writable_url(url: str) -> str:
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     wanted = [value for key, value in query if key == TARGET_SESSION_ATTRS]
-    if not wanted:
-        query.append((TARGET_SESSION_ATTRS, "read-write"))
-        return urlunsplit(parts._replace(query=urlencode(query, safe="/:,")))
+    if not wanted:  # appended to the query as written: nothing else is re-encoded
+        added = f"{TARGET_SESSION_ATTRS}=read-write"
+        return urlunsplit(parts._replace(query=f"{parts.query}&{added}" if parts.query else added))
     if wanted[-1] in WRITABLE_TARGETS or (wanted[-1] == "any" and len(hosts(url)) == 1):
         return url
     raise ValueError(
