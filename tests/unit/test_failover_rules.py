@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import asyncpg
 import pytest
 
 from effect_ledger.db import failover
@@ -56,23 +57,27 @@ class FakePool:
         self.generation += 1
 
 
-async def test_a_lost_server_expires_every_pool_once_per_burst() -> None:
+async def test_a_server_no_longer_writable_expires_every_pool_once_per_burst() -> None:
     now = [100.0]
     pools = [FakePool(), FakePool()]
     watch = failover.ServerWatch(pools, clock=lambda: now[0])  # type: ignore[arg-type]
     failover.watch(watch)
     try:
+        # one broken connection is remembered (readiness shows lost_at) but replaces nothing else
         await failover.server_lost(pools[0], ConnectionResetError())  # type: ignore[arg-type]
-        await failover.server_lost(pools[1], ConnectionResetError())  # type: ignore[arg-type]
-        assert [p.generation for p in pools] == [1, 1] and watch.losses == 2 and watch.lost_at
+        assert [p.generation for p in pools] == [0, 0] and watch.losses == 1 and watch.lost_at
+        # a server that turned read-only: every pool reconnects, once per burst
+        await failover.server_lost(pools[0], asyncpg.exceptions.ReadOnlySQLTransactionError())  # type: ignore[arg-type]
+        await failover.server_lost(pools[1], asyncpg.exceptions.TargetServerAttributeNotMatched())  # type: ignore[arg-type]
+        assert [p.generation for p in pools] == [1, 1] and watch.losses == 3
         now[0] += failover.EXPIRE_INTERVAL_SECONDS
-        await failover.server_lost(pools[1], ConnectionResetError())  # type: ignore[arg-type]
+        await failover.server_lost(pools[1], asyncpg.exceptions.CannotConnectNowError())  # type: ignore[arg-type]
         assert [p.generation for p in pools] == [2, 2]
-        # busy is not gone: a full pool's timeout, a statement timeout, a lock timeout expire nothing
+        # busy is not gone: a full pool's timeout, a statement timeout, a lock timeout count nothing
         now[0] += 10
         await failover.server_lost(pools[0], TimeoutError())  # type: ignore[arg-type]
         await failover.server_lost(pools[0], ValueError())  # type: ignore[arg-type]
-        assert [p.generation for p in pools] == [2, 2] and watch.losses == 3
+        assert [p.generation for p in pools] == [2, 2] and watch.losses == 4
     finally:
         failover.unwatch(watch)
 

@@ -2,12 +2,17 @@
 
 When the primary dies, is switched over or turns read-only, every pooled connection to it is
 useless. A request that meets such a failure is answered 503 `unavailable` (Retry-After, incident)
-by the usual translation; in addition the pools' connections are expired at once
-(asyncpg's `expire_connections`), so that the next request on every pool reconnects through the
-URL's host list to whichever server is now writable, instead of each idle connection failing one
-more request first. Connections are only ever opened with target_session_attrs=read-write
-(urls.writable_url), so a standby that is not yet promoted is refused at connect (also a 503) and
-a promoted one is taken as soon as it accepts writes.
+by the usual translation. A connection that broke is closed, and asyncpg replaces it on the next
+acquire through the URL's host list; connections are only ever opened with
+target_session_attrs=read-write (urls.writable_url), so a standby not yet promoted is refused at
+connect (also a 503) and a promoted one is taken as soon as it accepts writes.
+
+A connection that still works but reaches a server that is no longer the writable primary (it
+turned read-only, it is shutting down or recovering from a crash) would go on failing requests one
+by one: on those failures (SERVER_CHANGED) every pool's connections are expired at once
+(asyncpg's `expire_connections`, at most once a second), so the next request on every pool
+reconnects. A single broken connection expires nothing: one backend terminated by an operator is
+not a failover, and replacing every connection of every pool for it would only add reconnects.
 
 `ServerWatch` also remembers which server served last (address and timeline) so that /readyz can
 report the switch: the server now serving, how often it changed, when the last loss was seen.
@@ -34,6 +39,14 @@ SERVER_LOST: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,  # starting up, shutting down, in recovery
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # the server turned read-only (demoted, fenced)
+)
+
+# Failures that say the server behind a still-open connection is no longer the one to use.
+SERVER_CHANGED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TargetServerAttributeNotMatched,  # reconnecting found no writable host
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.CrashShutdownError,  # another backend crashed: the server is restarting
 )
 
 EXPIRE_INTERVAL_SECONDS = 1.0  # one expiry per burst: a switch fails many requests at once
@@ -80,10 +93,13 @@ class ServerWatch:
     _expired_at: float = field(default=float("-inf"))
 
     async def server_lost(self, exc: BaseException) -> None:
-        """A call met a failure in SERVER_LOST: expire every pool's connections (at most once a second)."""
+        """A call met a failure in SERVER_LOST: remember it; on SERVER_CHANGED (or a server readiness
+        found read-only) also expire every pool's connections, at most once a second."""
         self.losses += 1
         self.lost_at = self.lost_at or _now()
         self.on_lost(type(exc).__name__)
+        if not isinstance(exc, SERVER_CHANGED):
+            return
         now = self.clock()
         if now - self._expired_at < EXPIRE_INTERVAL_SECONDS:
             return

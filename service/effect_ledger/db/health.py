@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from effect_ledger.db import failover
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
@@ -39,5 +41,8 @@ async def database_ready(
     return at_head, checks
 
 
-class ReadOnlyServer(Exception):
-    """Readiness reached a standby or a read-only server (reported to the watch as a loss)."""
+class ReadOnlyServer(asyncpg.exceptions.ReadOnlySQLTransactionError):  # type: ignore[misc]
+    """Readiness reached a standby or a read-only server (reported to the watch: expire the pools)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is a standby or read-only")
