@@ -4,6 +4,14 @@ A URL may name several hosts, libpq style (`postgresql://u:p@h1:5432,h2:5432/db?
 read-write`): asyncpg and libpq try them in order and keep the first that is writable. The service
 only ever works on the writable primary (it writes on every path, and a standby's reads may be
 stale), so every URL it connects with asks for `read-write` unless it already asks for `primary`.
+
+asyncpg (0.32, read in its connect_utils) tries the hosts in order: a refused or unreachable host,
+or one answering "starting up / shutting down" (57P03) before authentication, passes to the next;
+a connected server is accepted for `read-write` when neither `default_transaction_read_only` nor
+`in_hot_standby` (reported by PostgreSQL 14+ at start-up; older servers are asked
+`pg_is_in_recovery()`) is on; rejected ones are closed; no match raises
+TargetServerAttributeNotMatched, which the service answers 503. libpq (psycopg, for `migrate`) does
+the same with its own parser.
 """
 
 from __future__ import annotations
