@@ -202,6 +202,15 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
                     for c in history.calls
                     if c.outcome == "ok" and c.kind in ACKNOWLEDGED and held_at < ended_at(c) < killed_at
                 )
+                # of those, the ones sent after the link was held (the others' WAL may have crossed first)
+                sent_while_held = sum(
+                    1
+                    for c in history.calls
+                    if c.outcome == "ok"
+                    and c.kind in ACKNOWLEDGED
+                    and held_at < c.wall
+                    and ended_at(c) < killed_at
+                )
                 figures.operations = len(history.calls)
                 figures.faults = 1
                 figures.extra = {
@@ -209,6 +218,7 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
                     "executed": sink.total,
                     "acknowledged": sum(1 for c in history.calls if c.outcome == "ok"),
                     "acknowledged_while_link_held": acknowledged_while_held,
+                    "sent_and_acknowledged_while_held": sent_while_held,
                     "lost_claims": lost["claim"],
                     "lost_submits": lost["submit"],
                     "lost_completions": lost["complete"],
