@@ -27,9 +27,11 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import asyncpg
 import httpx
 import pytest
 
+from effect_ledger.db.pools import run_statement
 from effect_ledger.settings import Settings
 from support.auth import token
 from support.durability import (
@@ -316,6 +318,60 @@ async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_t
             assert before["server"] == primary.address
             assert all(c["server"] == standby.address and c["database"] == "ok" for c in checks), checks
             assert {c["timeline"] for c in checks} == {before["timeline"] + 1}
+    finally:
+        await asyncio.to_thread(standby.stop)
+        await asyncio.to_thread(primary.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_write_waiting_for_its_synchronous_standby_is_never_cancelled_by_the_service(
+    pg_template: Template,
+) -> None:
+    """Why the service never cancels a write statement (db/pools.py `_to_the_end`): a commit cancelled
+    while it waits for its synchronous standby stays committed on the primary alone and becomes
+    visible, so a retry would acknowledge what a failover then loses. Cancelled from the service, the
+    write keeps waiting, invisible, until the standby has it; a plain asyncpg call, cancelled the same
+    way, turns visible on the primary while the standby does not have it."""
+    root = scratch_root()
+    primary = pg_template.copy(root, "primary")
+    standby = pg_template.copy(root, "standby")
+    primary.configure(synchronous_standby_names=STANDBY_NAME)
+    try:
+        async with ReplicationLink(primary.port) as link:
+            make_standby(standby, link.port)
+            await asyncio.to_thread(primary.start)
+            await asyncio.to_thread(standby.start)
+            await wait_streaming(primary, sync=True)
+            owner = await primary.owner()
+            await owner.execute("CREATE TABLE public.scratch (n integer)")
+            pool = await asyncpg.create_pool(primary.url(), min_size=1, max_size=1)
+            plain = await primary.owner()
+            try:
+                link.hold()
+                insert = "INSERT INTO public.scratch VALUES ($1) RETURNING n"
+                guarded = asyncio.create_task(run_statement(pool, "t1", 5.0, "test", insert, 1))
+                unguarded = asyncio.create_task(plain.fetchrow(insert, 2))
+                await asyncio.sleep(0.5)
+                assert not guarded.done() and not unguarded.done()  # both wait for the standby
+                guarded.cancel()
+                unguarded.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await unguarded
+                await asyncio.sleep(0.5)
+                waiting = await owner.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                )
+                visible = {r["n"] for r in await owner.fetch("SELECT n FROM public.scratch")}
+                assert not guarded.done() and waiting == 1
+                assert visible == {2}  # the cancelled plain call: visible, yet the standby lacks it
+                link.release()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(guarded, 10)  # the cancellation arrives once the write ended
+                assert {r["n"] for r in await owner.fetch("SELECT n FROM public.scratch")} == {1, 2}
+            finally:
+                await pool.close()
+                await plain.close()
+                await owner.close()
     finally:
         await asyncio.to_thread(standby.stop)
         await asyncio.to_thread(primary.stop)

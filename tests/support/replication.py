@@ -316,6 +316,10 @@ class ReplicationLink:
         """Stop forwarding (what is in flight stays in the proxy)."""
         self.flowing.clear()
 
+    def release(self) -> None:
+        """Forward again, what was held first."""
+        self.flowing.set()
+
     async def cut(self) -> None:
         """Drop what is held, close every connection and accept no more."""
         self.cut_off = True
