@@ -31,7 +31,7 @@ import asyncpg
 import httpx
 import pytest
 
-from effect_ledger.db.pools import run_statement
+from effect_ledger.db.pools import run_statement, tenant_tx
 from effect_ledger.settings import Settings
 from support.auth import token
 from support.durability import (
@@ -344,16 +344,25 @@ async def test_a_write_waiting_for_its_synchronous_standby_is_never_cancelled_by
             await wait_streaming(primary, sync=True)
             owner = await primary.owner()
             await owner.execute("CREATE TABLE public.scratch (n integer)")
-            pool = await asyncpg.create_pool(primary.url(), min_size=1, max_size=1)
+            pool = await asyncpg.create_pool(primary.url(), min_size=2, max_size=2)
             plain = await primary.owner()
             try:
                 link.hold()
                 insert = "INSERT INTO public.scratch VALUES ($1) RETURNING n"
+
+                async def in_a_transaction() -> None:  # journal appends, diagnostics: tenant_tx's COMMIT
+                    async with tenant_tx(pool, "t1", 5.0, "test") as (conn, _):
+                        await conn.execute("INSERT INTO public.scratch VALUES (3)")
+
                 guarded = asyncio.create_task(run_statement(pool, "t1", 5.0, "test", insert, 1))
+                committing = asyncio.create_task(in_a_transaction())
                 unguarded = asyncio.create_task(plain.fetchrow(insert, 2))
                 await asyncio.sleep(0.5)
-                assert not guarded.done() and not unguarded.done()  # both wait for the standby
+                assert not (
+                    guarded.done() or committing.done() or unguarded.done()
+                )  # all wait for the standby
                 guarded.cancel()
+                committing.cancel()
                 unguarded.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await unguarded
@@ -362,12 +371,13 @@ async def test_a_write_waiting_for_its_synchronous_standby_is_never_cancelled_by
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
                 )
                 visible = {r["n"] for r in await owner.fetch("SELECT n FROM public.scratch")}
-                assert not guarded.done() and waiting == 1
+                assert not guarded.done() and not committing.done() and waiting == 2
                 assert visible == {2}  # the cancelled plain call: visible, yet the standby lacks it
                 link.release()
-                with pytest.raises(asyncio.CancelledError):
-                    await asyncio.wait_for(guarded, 10)  # the cancellation arrives once the write ended
-                assert {r["n"] for r in await owner.fetch("SELECT n FROM public.scratch")} == {1, 2}
+                for task in (guarded, committing):
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(task, 10)  # the cancellation arrives once the write ended
+                assert {r["n"] for r in await owner.fetch("SELECT n FROM public.scratch")} == {1, 2, 3}
             finally:
                 await pool.close()
                 await plain.close()

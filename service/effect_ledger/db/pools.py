@@ -274,7 +274,7 @@ async def _transaction(
     try:
         async with (
             _connection(pool, admission, tenant, acquire_timeout, span) as conn,
-            conn.transaction(**options),
+            _transaction_block(conn, options),
         ):
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
@@ -310,6 +310,20 @@ async def _to_the_end(call: Awaitable[T]) -> T:
     except asyncio.CancelledError:
         await asyncio.wait({task})
         raise
+
+
+@asynccontextmanager
+async def _transaction_block(conn: asyncpg.Connection, options: dict[str, Any]) -> AsyncIterator[None]:
+    """`conn.transaction()`, except that its COMMIT runs to the end even when the request is cancelled
+    (see _to_the_end: a cancelled wait for the synchronous standby would make the commit visible)."""
+    transaction = conn.transaction(**options)
+    await transaction.__aenter__()
+    try:
+        yield
+    except BaseException as exc:
+        await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # ROLLBACK
+        raise
+    await _to_the_end(transaction.__aexit__(None, None, None))  # COMMIT
 
 
 @asynccontextmanager
