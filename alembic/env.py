@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
+import psycopg
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from effect_ledger.db.urls import sqlalchemy_url
+from effect_ledger.db.urls import libpq_url
 from effect_ledger.settings import Settings
 
 config = context.config
@@ -13,7 +16,12 @@ url = config.get_main_option("effect_ledger.url") or Settings.from_env().databas
 if not url:
     raise SystemExit("EFFECT_LEDGER_DATABASE_URL is not set")
 
-engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+# libpq reads the URL itself: several hosts (the writable one is taken) work as they do for the service.
+engine = create_engine(
+    "postgresql+psycopg://",
+    creator=functools.partial(psycopg.connect, libpq_url(url)),
+    poolclass=pool.NullPool,
+)
 with engine.connect() as connection:
     context.configure(connection=connection, transaction_per_migration=False)
     with context.begin_transaction():

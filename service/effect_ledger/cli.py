@@ -172,13 +172,13 @@ def _announce(configured: Settings, ready: Settings) -> None:
 
 
 def server_of(database_url: str) -> str:
-    """A database URL without its password or options: scheme://user@host:port/database."""
+    """A database URL without its password or options: scheme://user@host:port[,host:port]/database."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(database_url)
-    user = f"{parts.username}@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{user}{parts.hostname or 'localhost'}{port}{parts.path}"
+    credentials, _, listed = parts.netloc.rpartition("@")
+    user = credentials.partition(":")[0]
+    return f"{parts.scheme}://{user + '@' if user else ''}{listed or 'localhost'}{parts.path}"
 
 
 def _serve_granian(ready: Settings) -> None:

@@ -39,7 +39,10 @@ CRD_KINDS = {
     ("postgresql.cnpg.io/v1", "Cluster"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
-}
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("postgresql.cnpg.io/v1", "ScheduledBackup"),
+    ("barmancloud.cnpg.io/v1", "ObjectStore"),
+}  # their fields: CNPG_CLUSTER_FIELDS below and tests/static/test_k8s_durability.py
 SECRET_LIKE = re.compile(r"SECRET|PASSWORD|TOKEN|KEY|DATABASE_URL")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 EXPECTED_NAMESPACE = {
@@ -124,6 +127,13 @@ def test_expected_objects(name: str) -> None:
         }
     else:
         expected.add(("Cluster", "effect-ledger-db"))
+    if name == "overlays/prod":  # synchronous replication's alerts and continuous backup
+        expected |= {
+            ("ObjectStore", "effect-ledger-backups"),
+            ("ScheduledBackup", "effect-ledger-db-nightly"),
+            ("PodMonitor", "effect-ledger-db"),
+            ("PrometheusRule", "effect-ledger-database"),
+        }
     assert names == expected
     config_map(name)  # exactly one generated effect-ledger ConfigMap
 

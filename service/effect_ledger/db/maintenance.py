@@ -23,10 +23,12 @@ import asyncpg
 import msgspec
 import structlog
 
+from effect_ledger.db import failover
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
 from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
+from effect_ledger.db.urls import writable_url
 from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
 from effect_ledger.settings import Settings
 
@@ -58,11 +60,14 @@ def _json(value: Any) -> str:
 
 
 async def owner_connection(settings: Settings) -> asyncpg.Connection:
-    """One owner connection with the service's timeouts and JSON codecs."""
+    """One owner connection with the service's timeouts and JSON codecs, on the writable primary.
+
+    Every run opens its own, through the URL's host list: after a failover the next run finds the new
+    primary by itself (a run cut by the switch fails, is logged, and the next interval runs again)."""
     if not settings.database_url:
         raise ValueError("sweep and purge need the owner URL (EFFECT_LEDGER_DATABASE_URL)")
     conn = await asyncpg.connect(
-        settings.database_url,
+        writable_url(settings.database_url),
         timeout=CONNECT_TIMEOUT_SECONDS,
         server_settings={
             "application_name": "effect-ledger-maintenance",
@@ -71,6 +76,7 @@ async def owner_connection(settings: Settings) -> asyncpg.Connection:
             "idle_in_transaction_session_timeout": str(settings.idle_in_transaction_timeout_ms),
         },
     )
+    failover.keep_alive(conn)
     for name in ("jsonb", "json"):
         await conn.set_type_codec(name, encoder=_json, decoder=msgspec.json.decode, schema="pg_catalog")
     return conn

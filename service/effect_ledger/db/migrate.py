@@ -12,7 +12,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password, writable_url
 from effect_ledger.settings import Settings
 
 
@@ -38,7 +38,7 @@ def head_revision() -> str:
 
 async def _set_passwords(settings: Settings) -> None:
     assert settings.database_url
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await asyncpg.connect(writable_url(settings.database_url))
     try:
         await conn.execute(sql("grant_migration_state"))
         for role, explicit in (

@@ -5,24 +5,30 @@ connection. When `pool_max_waiting` requests already wait, or the oldest has wai
 `pool_shed_wait_ms`, the request is refused at once (503 `unavailable`, Retry-After, incident) instead
 of joining a queue whose wait only grows. Reconciler and audit calls run on their own runtime-role
 pool (`audit_pool_size`), so an executor flood that fills the runtime pool never starves them.
+
+Failover (db/failover.py): every pool connects with target_session_attrs=read-write through the URL's
+host list; a call that finds its server gone or read-only is answered 503 and expires every pool's
+connections, so the next calls reconnect to the new primary without a restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
 
 from effect_ledger import tracing
+from effect_ledger.db import failover
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password
+from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password, writable_url
 from effect_ledger.domain.errors import DatabaseUnavailable, validation_failed
 from effect_ledger.settings import Settings
 
@@ -41,7 +47,11 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.SerializationError,
+    # The server turned read-only under us (a demoted or fenced primary): retry on the new primary.
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
+
+T = TypeVar("T")
 
 # Values PostgreSQL refuses to store: NUL in text ("invalid byte sequence") and \u0000 in jsonb.
 UNSTORABLE: tuple[type[BaseException], ...] = (
@@ -65,6 +75,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
+    failover.keep_alive(conn)
     for name in ("jsonb", "json"):
         await conn.set_type_codec(
             name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog"
@@ -92,7 +103,7 @@ async def create_role_pool(settings: Settings, role: str, size: int) -> asyncpg.
         dsn = settings.database_url
         kwargs = {"user": role, "password": derived_password(settings.database_url, role)}
     pool = await asyncpg.create_pool(
-        dsn,
+        writable_url(dsn),
         min_size=1,
         max_size=size,
         init=_init_connection,
@@ -192,6 +203,7 @@ class Pools:
     acquire_timeout: float
     audit: asyncpg.Pool | None = None
     admissions: dict[str, Admission] = field(default_factory=dict)
+    server: failover.ServerWatch | None = None  # what the pools saw of the primary (/readyz)
 
     @classmethod
     async def open(cls, settings: Settings, *, reader: bool = True, audit: bool = True) -> Pools:
@@ -211,10 +223,14 @@ class Pools:
                     name, pool.get_max_size(), settings.pool_max_waiting, shed_wait
                 )
                 admit(pool, pools.admissions[name])
+        pools.server = failover.ServerWatch([p for p in (runtime, audit_pool, reader_pool) if p is not None])
+        failover.watch(pools.server)
         return pools
 
     async def close(self) -> None:
         """Close every pool, waiting for connections in use to be released."""
+        if self.server is not None:
+            failover.unwatch(self.server)
         for pool in (self.runtime, self.audit, self.reader):
             if pool is not None:
                 _ADMISSIONS.pop(id(pool), None)
@@ -258,15 +274,56 @@ async def _transaction(
     try:
         async with (
             _connection(pool, admission, tenant, acquire_timeout, span) as conn,
-            conn.transaction(**options),
+            _transaction_block(conn, options),
         ):
             context = await conn.fetchrow(sql("tenant_context"), tenant)
             yield conn, context["db_now"]
     except UNAVAILABLE as exc:
+        await failover.server_lost(pool, exc)
         raise DatabaseUnavailable(phase, type(exc).__name__) from exc
     except UNSTORABLE as exc:
         # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
         raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+@asynccontextmanager
+async def _following(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """Report a lost server to the pool's watch (which expires the pools), then let the failure through."""
+    try:
+        yield
+    except failover.SERVER_LOST as exc:
+        await failover.server_lost(pool, exc)
+        raise
+
+
+async def _to_the_end(call: Awaitable[T]) -> T:
+    """Await a write to its end even when the request is cancelled (then re-raise the cancellation).
+
+    A cancelled asyncpg call sends the server a cancel request. A commit waiting for its synchronous
+    standby, cancelled, stays committed on the primary alone and becomes visible ("canceling wait for
+    synchronous replication"): a retry would then acknowledge a transition the standby may never
+    have had, and a failover would lose it. So the statement is never cancelled from here.
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        raise
+
+
+@asynccontextmanager
+async def _transaction_block(conn: asyncpg.Connection, options: dict[str, Any]) -> AsyncIterator[None]:
+    """`conn.transaction()`, except that its COMMIT runs to the end even when the request is cancelled
+    (see _to_the_end: a cancelled wait for the synchronous standby would make the commit visible)."""
+    transaction = conn.transaction(**options)
+    await transaction.__aenter__()
+    try:
+        yield
+    except BaseException as exc:
+        await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # ROLLBACK
+        raise
+    await _to_the_end(transaction.__aexit__(None, None, None))  # COMMIT
 
 
 @asynccontextmanager
@@ -313,6 +370,9 @@ async def run_statement(
     in the call's span, and exactly one round trip once the statement is prepared on the connection
     (asyncpg caches it; the pool's reset is free, _keep_session). The statement binds the tenant."""
     with tracing.database_span(phase) as span, translated(phase):
-        async with _connection(pool, _ADMISSIONS.get(id(pool)), tenant, acquire_timeout, span) as conn:
-            row: asyncpg.Record | None = await conn.fetchrow(query, *args)
+        async with (
+            _following(pool),
+            _connection(pool, _ADMISSIONS.get(id(pool)), tenant, acquire_timeout, span) as conn,
+        ):
+            row: asyncpg.Record | None = await _to_the_end(conn.fetchrow(query, *args))
             return row

@@ -117,6 +117,17 @@ SELECT create_distributed_function(
 -- The migration the database is at.
 SELECT version_num FROM public.alembic_version;
 
+-- name: server_identity
+-- Which server answers (readiness reports it, db/failover.py): its address, whether it is a standby
+-- or read-only, and its WAL timeline, which a promotion bumps (read from the current WAL file's name:
+-- pg_control_checkpoint() lags until the next checkpoint; a standby has no current WAL position).
+SELECT host(inet_server_addr()) AS address, inet_server_port() AS port,
+       pg_is_in_recovery() AS in_recovery,
+       current_setting('transaction_read_only')::boolean AS read_only,
+       CASE WHEN NOT pg_is_in_recovery()
+            THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+       END AS timeline;
+
 -- ---------------------------------------------------------------------------------------------
 -- Reconciliation, audit and maintenance (issue 3).
 -- Keyset bounds are written `k >= $a AND (k > $a OR id > $b)` rather than as a row comparison:

@@ -1,4 +1,4 @@
-"""Liveness (no database), readiness (pool and migrations at head)."""
+"""Liveness (no database), readiness (a writable primary, migrations at head, the primary's switches)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ async def livez() -> dict[str, str]:
 
 @get("/readyz", tags=["operations"])
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """Ready when the runtime pool answers and the schema is at the newest migration."""
-    ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head)
+    """Ready when the runtime pool reaches a writable primary and the schema is at the newest migration.
+
+    `checks` also says which server serves (`server`, `timeline`), how often the primary changed since
+    start-up (`primary_switches`, `switched_at`) and, during an outage, since when (`lost_at`)."""
+    watcher = getattr(request.app.state.pools, "server", None)
+    ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head, watcher)
     return Response(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
     )
