@@ -63,8 +63,8 @@ def naive_path(m: int, d: Sequence[bytes]) -> list[bytes]:
         return []
     k = 1 << ((n - 1).bit_length() - 1)
     if m < k:
-        return naive_path(m, d[:k]) + [naive_root(d[k:])]
-    return naive_path(m - k, d[k:]) + [naive_root(d[:k])]
+        return [*naive_path(m, d[:k]), naive_root(d[k:])]
+    return [*naive_path(m - k, d[k:]), naive_root(d[:k])]
 
 
 def naive_subproof(m: int, d: Sequence[bytes], b: bool) -> list[bytes]:
@@ -73,8 +73,8 @@ def naive_subproof(m: int, d: Sequence[bytes], b: bool) -> list[bytes]:
         return [] if b else [naive_root(d)]
     k = 1 << ((n - 1).bit_length() - 1)
     if m <= k:
-        return naive_subproof(m, d[:k], b) + [naive_root(d[k:])]
-    return naive_subproof(m - k, d[k:], False) + [naive_root(d[:k])]
+        return [*naive_subproof(m, d[:k], b), naive_root(d[k:])]
+    return [*naive_subproof(m - k, d[k:], False), naive_root(d[:k])]
 
 
 def naive_consistency(m: int, d: Sequence[bytes]) -> list[bytes]:
@@ -88,9 +88,9 @@ def mutations(proof: list[bytes]) -> list[list[bytes]]:
         for bit in (0, 77, 255):
             flipped = bytearray(h)
             flipped[bit // 8] ^= 1 << (bit % 8)
-            out.append(proof[:i] + [bytes(flipped)] + proof[i + 1 :])
+            out.append([*proof[:i], bytes(flipped), *proof[i + 1 :]])
         out.append(proof[:i] + proof[i + 1 :])
-    out.append(proof + [hashlib.sha256(b"extra").digest()])
+    out.append([*proof, hashlib.sha256(b"extra").digest()])
     return out
 
 
@@ -104,7 +104,9 @@ def small_store() -> dict[tuple[int, int], bytes]:
     return tile_store(leaf_list(SMALL))
 
 
-def test_roots_from_tiles_equal_the_naive_tree_for_every_size(small_store: dict[tuple[int, int], bytes]) -> None:
+def test_roots_from_tiles_equal_the_naive_tree_for_every_size(
+    small_store: dict[tuple[int, int], bytes],
+) -> None:
     d = leaf_list(SMALL)
     read = reader(small_store)
     assert tree_root(0, read) == hashlib.sha256(b"").digest()
@@ -112,10 +114,12 @@ def test_roots_from_tiles_equal_the_naive_tree_for_every_size(small_store: dict[
         assert tree_root(size, read) == naive_root(d[:size]), size
 
 
-def test_inclusion_proofs_from_tiles_equal_the_naive_ones_and_verify(small_store: dict[tuple[int, int], bytes]) -> None:
+def test_inclusion_proofs_from_tiles_equal_the_naive_ones_and_verify(
+    small_store: dict[tuple[int, int], bytes],
+) -> None:
     d = leaf_list(SMALL)
     read = reader(small_store)
-    for size in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 299, 300]:
+    for size in [*list(range(1, 70)), 127, 128, 129, 255, 256, 257, 299, 300]:
         root = naive_root(d[:size])
         for index in range(size):
             proof = inclusion_proof(index, size, read)
@@ -123,13 +127,17 @@ def test_inclusion_proofs_from_tiles_equal_the_naive_ones_and_verify(small_store
             assert verify_inclusion(index, size, d[index], proof, root)
             assert not verify_inclusion(index, size, node_hash(d[index], d[index]), proof, root)
             if index + 1 < size:
-                assert not verify_inclusion(index + 1, size, d[index], proof, root) or d[index] == d[index + 1]
+                assert (
+                    not verify_inclusion(index + 1, size, d[index], proof, root) or d[index] == d[index + 1]
+                )
 
 
-def test_consistency_proofs_from_tiles_equal_the_naive_ones_and_verify(small_store: dict[tuple[int, int], bytes]) -> None:
+def test_consistency_proofs_from_tiles_equal_the_naive_ones_and_verify(
+    small_store: dict[tuple[int, int], bytes],
+) -> None:
     d = leaf_list(SMALL)
     read = reader(small_store)
-    for new in list(range(1, 80)) + [255, 256, 257, 300]:
+    for new in [*list(range(1, 80)), 255, 256, 257, 300]:
         new_root = naive_root(d[:new])
         for old in range(0, new + 1):
             proof = consistency_proof(old, new, read)
@@ -199,8 +207,8 @@ def fast_path(levels: list[list[bytes]], m: int, lo: int, hi: int) -> list[bytes
         return []
     k = 1 << ((hi - lo - 1).bit_length() - 1)
     if m < lo + k:
-        return fast_path(levels, m, lo, lo + k) + [fast_root(levels, lo + k, hi)]
-    return fast_path(levels, m, lo + k, hi) + [fast_root(levels, lo, lo + k)]
+        return [*fast_path(levels, m, lo, lo + k), fast_root(levels, lo + k, hi)]
+    return [*fast_path(levels, m, lo + k, hi), fast_root(levels, lo, lo + k)]
 
 
 def fast_subproof(levels: list[list[bytes]], m: int, lo: int, hi: int, b: bool) -> list[bytes]:
@@ -208,8 +216,8 @@ def fast_subproof(levels: list[list[bytes]], m: int, lo: int, hi: int, b: bool) 
         return [] if b else [fast_root(levels, lo, hi)]
     k = 1 << ((hi - lo - 1).bit_length() - 1)
     if m <= k:
-        return fast_subproof(levels, m, lo, lo + k, b) + [fast_root(levels, lo + k, hi)]
-    return fast_subproof(levels, m - k, lo + k, hi, False) + [fast_root(levels, lo, lo + k)]
+        return [*fast_subproof(levels, m, lo, lo + k, b), fast_root(levels, lo + k, hi)]
+    return [*fast_subproof(levels, m - k, lo + k, hi, False), fast_root(levels, lo, lo + k)]
 
 
 def test_random_sizes_up_to_a_million(big: tuple[list[list[bytes]], dict[tuple[int, int], bytes]]) -> None:
@@ -244,7 +252,9 @@ def test_any_sequence_of_appends_gives_the_same_tiles(sizes: list[int]) -> None:
         store.update(tiles.append(size, edge, d[size : size + n]))
         size += n
     assert store == tile_store(d, step=total)
-    assert {(r.level, r.index): r.width for r in tiles.layout(total)} == {k: len(v) // 32 for k, v in store.items() if v}
+    assert {(r.level, r.index): r.width for r in tiles.layout(total)} == {
+        k: len(v) // 32 for k, v in store.items() if v
+    }
 
 
 # ---- C2SP fixed vectors ----------------------------------------------------------------------------

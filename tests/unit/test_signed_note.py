@@ -29,7 +29,9 @@ SPEC_NOTE = (
 )
 GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"
 GO_VKEY = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW"
-GO_TEXT = "If you think cryptography is the answer to your problem,\nthen you don't know what your problem is.\n"
+GO_TEXT = (
+    "If you think cryptography is the answer to your problem,\nthen you don't know what your problem is.\n"
+)
 GO_NOTE = (
     GO_TEXT
     + "\n"
@@ -83,7 +85,8 @@ def test_malformed_vkeys_are_refused(vkey: str) -> None:
         "no blank line\n" + f"{EM} a AAAAAAA=\n",
         "text\n\nnot a signature\n",
         "text\n\n",
-        "tab\there\n\n" + f"{EM} PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n",
+        "tab\there\n\n"
+        + f"{EM} PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n",
         GO_NOTE[:-1],
     ],
 )
@@ -161,7 +164,9 @@ def test_a_proof_file_verifies_offline_and_every_change_is_caught() -> None:
     witness = note.Signer("w.example/1", bytes(range(2, 34)), note.ALG_COSIGNATURE_V1)
     with pytest.raises(ProofInvalid, match="quorum"):
         verify_proof(text, vkey, [witness.verifier.vkey])
-    cosigned = proof_file(data[3], 3, inclusion_proof(3, 5, read), cp + cosign(cp.split("\n\n")[0] + "\n", witness, 7).line)
+    cosigned = proof_file(
+        data[3], 3, inclusion_proof(3, 5, read), cp + cosign(cp.split("\n\n")[0] + "\n", witness, 7).line
+    )
     assert verify_proof(cosigned, vkey, [witness.verifier.vkey]).cosigned_by == ("w.example/1",)
     receipt = {"external_ref": "x"}
     with pytest.raises(ProofInvalid, match="receipt_digest"):

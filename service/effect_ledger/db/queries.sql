@@ -45,7 +45,11 @@ FROM ledger.sweep($1, $2) AS c;
 
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
-SELECT o.*, clock_timestamp() AS db_now
+-- log_index: its leaf in the tenant's receipts log once a signed checkpoint covers it (API.md 14).
+SELECT o.*, clock_timestamp() AS db_now,
+       CASE WHEN o.status = 'committed' AND o.feed_position <= (
+           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
+       THEN o.feed_position - 1 END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
@@ -495,3 +499,114 @@ WHERE tenant_id = $1 AND session_id IN (
     WHERE tenant_id = $1 AND session_id = ANY($2::text[])
       AND updated_at < clock_timestamp() - make_interval(days => $3)
     FOR UPDATE SKIP LOCKED);
+
+-- ---------------------------------------------------------------------------------------------
+-- The verifiable receipts log (migration 0010, API.md section 14, docs/verifiable-log.md). The
+-- integrator and checkpointer run as the owner, off the executor path; the runtime role only reads.
+
+-- name: log_tenants_to_integrate
+-- Tenants with committed receipts not yet in their log: unpositioned ones (partial index
+-- operations_unpositioned), or positions beyond the log's size; across tenants (maintenance scope).
+SELECT tenant_id FROM (
+    SELECT DISTINCT o.tenant_id FROM ledger.operations AS o
+    WHERE o.status = 'committed' AND o.feed_position IS NULL
+    UNION
+    SELECT c.tenant_id FROM ledger.feed_counters AS c
+    LEFT JOIN ledger.log_state AS s ON s.tenant_id = c.tenant_id
+    WHERE c.last_position > COALESCE(s.size, 0)
+) AS t
+LIMIT $1;
+
+-- name: log_open
+-- The tenant's log state row, created empty the first time (a concurrent creator wins silently).
+INSERT INTO ledger.log_state (tenant_id, size, root, integrated_at)
+VALUES ($1, 0, sha256(''::bytea), clock_timestamp())
+ON CONFLICT (tenant_id) DO NOTHING;
+
+-- name: log_lock
+-- One writer per tenant: lock its log state row, or get nothing when another writer holds it.
+SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOCKED;
+
+-- name: log_batch
+-- The next committed receipts in feed order after the log's size (index operations_feed); a
+-- tombstone keeps its position and its receipt digest, so its leaf is built all the same.
+SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
+       o.receipt_digest, o.chain_hash, o.resolved_at, o.feed_position
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position > $2
+ORDER BY o.feed_position
+LIMIT $3;
+
+-- name: log_tiles_get
+-- Tiles (and entry bundles, level -1) of the tenant by (level, index).
+SELECT t.level, t.idx, t.width, t.data
+FROM ledger.log_tiles AS t
+JOIN unnest($2::smallint[], $3::bigint[]) AS k(level, idx) ON t.level = k.level AND t.idx = k.idx
+WHERE t.tenant_id = $1;
+
+-- name: log_tile_put
+-- Write one tile or bundle; a full one (width 256) is never written again.
+INSERT INTO ledger.log_tiles (tenant_id, level, idx, width, data) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant_id, level, idx) DO UPDATE SET width = EXCLUDED.width, data = EXCLUDED.data
+WHERE ledger.log_tiles.width < 256;
+
+-- name: log_advance
+-- Move the integrated tree to its new size and root (under log_lock).
+UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = clock_timestamp() WHERE tenant_id = $1;
+
+-- name: log_states
+-- Every tenant's integrated tree and its last checkpoint (maintenance scope), for the checkpointer.
+SELECT s.tenant_id, s.size, s.root, c.size AS signed_size, c.signed_at
+FROM ledger.log_state AS s
+LEFT JOIN LATERAL (
+    SELECT k.size, k.signed_at FROM ledger.log_checkpoints AS k
+    WHERE k.tenant_id = s.tenant_id ORDER BY k.size DESC LIMIT 1
+) AS c ON true;
+
+-- name: log_checkpoint_put
+-- Keep a checkpoint the signer signed (a repeat of the same size changes nothing).
+INSERT INTO ledger.log_checkpoints (tenant_id, size, root, note, signed_at)
+VALUES ($1, $2, $3, $4, clock_timestamp())
+ON CONFLICT (tenant_id, size) DO NOTHING;
+
+-- name: log_cosignatures_put
+-- The witness cosignature lines collected for a checkpoint.
+UPDATE ledger.log_checkpoints SET cosignatures = $3 WHERE tenant_id = $1 AND size = $2;
+
+-- name: log_latest_checkpoint
+-- The tenant's latest signed checkpoint.
+SELECT size, root, note, cosignatures, signed_at
+FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
+
+-- name: log_position
+-- A committed operation's feed position (its leaf index + 1), or no row.
+SELECT feed_position FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = $2 AND status = 'committed';
+
+-- name: log_decision_put
+-- An operator's recorded decision about a log behind the signer (log-recover).
+INSERT INTO ledger.log_decisions (tenant_id, decided_at, kind, signed_size, db_size, reason)
+VALUES ($1, clock_timestamp(), $2, $3, $4, $5);
+
+-- name: log_decisions_all
+-- Every recorded decision (maintenance scope): the last one per tenant says which loss was accepted.
+SELECT tenant_id, kind, signed_size, db_size, decided_at FROM ledger.log_decisions ORDER BY decided_at;
+
+-- name: log_restore_tombstone
+-- log-recover: re-create a committed tombstone for a logged receipt the database lost; an ID that
+-- exists again is left alone. Its chain starts at the logged chain head.
+INSERT INTO ledger.operations (
+    tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+    claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
+    chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest)
+VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8, 'log-recover',
+        0, $9, clock_timestamp(), 0, $9, $10)
+ON CONFLICT (tenant_id, operation_id) DO NOTHING
+RETURNING operation_id;
+
+-- name: log_receipts_of
+-- The current receipt facts of some operations, to check new leaves against before signing.
+SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
+       o.receipt_digest, o.chain_hash, o.resolved_at
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[]) AND o.status = 'committed';

@@ -245,7 +245,9 @@ def _cosignature_ok(text: str, verifier: Verifier, sig: Signature) -> bool:
 
 def format_skey(signer: Signer) -> str:
     """`PRIVATE+KEY+name+hex(keyid)+base64(alg || seed)`, as Go's note.GenerateKey writes it."""
-    return f"PRIVATE+KEY+{signer.name}+{signer.verifier.key_id.hex()}+{b64(bytes([signer.alg]) + signer.seed)}"
+    return (
+        f"PRIVATE+KEY+{signer.name}+{signer.verifier.key_id.hex()}+{b64(bytes([signer.alg]) + signer.seed)}"
+    )
 
 
 def parse_skey(skey: str) -> Signer:

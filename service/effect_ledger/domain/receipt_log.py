@@ -176,7 +176,9 @@ def verify_proof(
         raise ProofInvalid("the leaf's index is not the proof's index")
     if checkpoint.origin != f"{checkpoint.origin.rsplit('/', 1)[0]}/{leaf.get('tenant')}":
         raise ProofInvalid("the leaf's tenant is not the checkpoint origin's")
-    if not verify_inclusion(parsed.index, checkpoint.size, leaf_hash(parsed.extra), parsed.proof, checkpoint.root):
+    if not verify_inclusion(
+        parsed.index, checkpoint.size, leaf_hash(parsed.extra), parsed.proof, checkpoint.root
+    ):
         raise ProofInvalid("inclusion proof does not lead to the checkpoint's root")
     if receipt is not None:
         try:

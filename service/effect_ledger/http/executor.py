@@ -15,7 +15,7 @@ from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.domain.transitions import Report, hidden_from
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, Caller, requires
-from effect_ledger.http.context import caller_of, ledger_of, reading_ledger_of
+from effect_ledger.http.context import caller_of, reading_ledger_of, writing_ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
@@ -107,7 +107,7 @@ class ExecutorController(Controller):
         """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
         caller = caller_of(request)
         req = claim_request(operation_id, caller, data)
-        result = await repo.claim(ledger_of(request), caller.tenant, req, data.client_nonce)
+        result = await repo.claim(writing_ledger_of(request), caller.tenant, req, data.client_nonce)
         return claim_answer(operation_id, result)
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
@@ -118,7 +118,7 @@ class ExecutorController(Controller):
         caller = caller_of(request)
         return answer(
             await repo.submit(
-                ledger_of(request),
+                writing_ledger_of(request),
                 caller.tenant,
                 operation_id,
                 data.token,
@@ -136,7 +136,7 @@ class ExecutorController(Controller):
         caller = caller_of(request)
         return answer(
             await repo.heartbeat(
-                ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
+                writing_ledger_of(request), caller.tenant, operation_id, data.token, data.lease_seconds
             ),
             caller,
         )
@@ -157,7 +157,7 @@ class ExecutorController(Controller):
         )
         return answer(
             await repo.complete(
-                ledger_of(request),
+                writing_ledger_of(request),
                 caller.tenant,
                 operation_id,
                 caller.principal,

@@ -19,6 +19,10 @@ async def livez() -> dict[str, str]:
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """Ready when the runtime pool answers and the schema is at the newest migration."""
     ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head)
+    guard = getattr(request.app.state, "log_guard", None)
+    if guard is not None and guard.blocked:  # API.md section 14: a restored backup stops writes
+        ok = False
+        checks = {**checks, "log": "log_behind_signer"}
     return Response(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
     )
