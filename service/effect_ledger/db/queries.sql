@@ -598,9 +598,9 @@ SELECT tenant_id, kind, signed_size, db_size, decided_at FROM ledger.log_decisio
 INSERT INTO ledger.operations (
     tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
     claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
-    chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest)
+    chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest, feed_position)
 VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8, 'log-recover',
-        0, $9, clock_timestamp(), 0, $9, $10)
+        0, $9, clock_timestamp(), 0, $9, $10, $11)
 ON CONFLICT (tenant_id, operation_id) DO NOTHING
 RETURNING operation_id;
 
@@ -610,3 +610,35 @@ SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.a
        o.receipt_digest, o.chain_hash, o.resolved_at
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[]) AND o.status = 'committed';
+
+-- name: log_positioned_between
+-- Committed operations holding feed positions in ($2, $3]: log-recover compares them with the mirror.
+SELECT operation_id, feed_position FROM ledger.operations
+WHERE tenant_id = $1 AND status = 'committed' AND feed_position > $2 AND feed_position <= $3;
+
+-- name: log_unposition
+-- log-recover: free a feed position the mirror gives to another receipt (re-sequenced after it).
+UPDATE ledger.operations SET feed_position = NULL WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_operation_state
+-- log-recover: what the database has of an operation the mirror says was committed and logged.
+SELECT status, feed_position FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_position_set
+-- log-recover: put a committed operation at the feed position the signed log gave it.
+UPDATE ledger.operations SET feed_position = $3 WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_make_tombstone
+-- log-recover: an operation the database has as not committed, whose commit the signed log proves:
+-- it becomes the committed tombstone of that commit (its receipt digest kept), never executable again.
+UPDATE ledger.operations
+SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
+    receipt_digest = $3, feed_position = $4, resolved_at = $5, resolved_by = 'log-recover',
+    updated_at = clock_timestamp(), purged_at = clock_timestamp(), purged_seq = chain_seq,
+    purged_hash = chain_hash
+WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_feed_catch_up
+-- log-recover: the feed counter at least at the recovered log's size.
+INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, $2)
+ON CONFLICT (tenant_id) DO UPDATE SET last_position = GREATEST(ledger.feed_counters.last_position, $2);

@@ -25,6 +25,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -49,6 +51,7 @@ from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_set
 log = structlog.get_logger("effect_ledger.receipt_log")
 
 FEED_BATCH = 1000
+AUDIT_BUNDLES = 4  # bundles of the already signed log re-checked per checkpoint attempt, round robin
 
 
 @dataclass
@@ -58,6 +61,8 @@ class LogGuard:
 
     behind: dict[str, tuple[int, int]] = field(default_factory=dict)  # tenant -> (db size, signed size)
     checked: bool = False
+    tainted: dict[str, str] = field(default_factory=dict)  # tenant -> the refusal that stops its signing
+    audit_cursor: dict[str, int] = field(default_factory=dict)  # tenant -> next leaf the audit checks
 
     @property
     def blocked(self) -> bool:
@@ -251,8 +256,15 @@ async def checkpoint_tenant(
     config: LogConfig,
     signed: Signed | None,
     refuse: Refuse,
+    guard: LogGuard | None = None,
 ) -> int | None:
-    """Ask the signer to sign the tenant's integrated tree; answers the signed size, or None."""
+    """Ask the signer to sign the tenant's integrated tree; answers the signed size, or None.
+
+    Checked first: the root from the tiles is the integrated root; the new entries (and, round
+    robin, AUDIT_BUNDLES bundles of the signed part) hash to their level-0 tile hashes and carry
+    their operations' receipt digests. A mismatch found once keeps the tenant unsigned (until the
+    process restarts and its audit finds the data repaired)."""
+    guard = guard or LogGuard()
     origin = origin_of(config.origin_prefix, tenant)
     old = signed or Signed(0, merkle.EMPTY_ROOT)
     async with conn.transaction():
@@ -263,12 +275,20 @@ async def checkpoint_tenant(
         size, root = int(state["size"]), bytes(state["root"])
         if size <= old.size:
             return None
-        reason = None
+        reason = guard.tainted.get(tenant)
         computed = await _computed(conn, tenant, lambda read: merkle.tree_root(size, read))
-        if computed != root:
+        if reason is None and computed != root:
             reason = "root_mismatch"
-        else:
+        if reason is None:
             reason = await _check_new_entries(conn, tenant, old.size, size)
+        if reason is None and old.size > 0:
+            start = guard.audit_cursor.get(tenant, 0)
+            start = 0 if start >= old.size else start
+            end = min(old.size, start + AUDIT_BUNDLES * TILE_WIDTH)
+            reason = await _check_new_entries(conn, tenant, start, end)
+            guard.audit_cursor[tenant] = end
+        if reason is not None:
+            guard.tainted[tenant] = reason
         if reason is None:
             proof = await _computed(conn, tenant, lambda read: merkle.consistency_proof(old.size, size, read))
             try:
@@ -285,6 +305,27 @@ async def checkpoint_tenant(
     return size
 
 
+async def behind_signer(
+    conn: asyncpg.Connection, states: Mapping[str, Signed], origin_prefix: str
+) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """Every tenant's log state, and the tenants whose database log is smaller than what the signer
+    signed for them: tenant -> (database size, signed size)."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        rows = {r["tenant_id"]: r for r in await conn.fetch(sql("log_states"))}
+        await conn.fetchval(sql("maintenance_scope"), "off")
+    prefix = origin_prefix + "/"
+    behind: dict[str, tuple[int, int]] = {}
+    for origin, done in states.items():
+        if not origin.startswith(prefix):
+            continue
+        tenant = origin[len(prefix) :]
+        db_size = int(rows[tenant]["size"]) if tenant in rows else 0
+        if db_size < done.size:
+            behind[tenant] = (db_size, done.size)
+    return rows, behind
+
+
 async def checkpoint(
     conn: asyncpg.Connection,
     signer: LogSigner,
@@ -295,19 +336,8 @@ async def checkpoint(
     """One checkpointer pass: find tenants behind the signer (the guard), sign every grown tree
     whose last checkpoint is older than LOG_CHECKPOINT_SECONDS. Answers (tenant, size) signed."""
     states = await signer.states()
-    async with conn.transaction():
-        await conn.fetchval(sql("maintenance_scope"), "on")
-        rows = {r["tenant_id"]: r for r in await conn.fetch(sql("log_states"))}
-        await conn.fetchval(sql("maintenance_scope"), "off")
+    rows, behind = await behind_signer(conn, states, config.origin_prefix)
     prefix = config.origin_prefix + "/"
-    behind: dict[str, tuple[int, int]] = {}
-    for origin, done in states.items():
-        if not origin.startswith(prefix):
-            continue
-        tenant = origin[len(prefix) :]
-        db_size = int(rows[tenant]["size"]) if tenant in rows else 0
-        if db_size < done.size:
-            behind[tenant] = (db_size, done.size)
     for tenant, sizes in behind.items():
         if tenant not in guard.behind:
             refuse("log_behind_signer", tenant)
@@ -324,13 +354,19 @@ async def checkpoint(
         last = row["signed_at"]
         if last is not None and now - last.timestamp() < config.checkpoint_seconds:
             continue
-        size = await checkpoint_tenant(conn, tenant, signer, config, states.get(prefix + tenant), refuse)
+        size = await checkpoint_tenant(
+            conn, tenant, signer, config, states.get(prefix + tenant), refuse, guard
+        )
         if size is not None:
             signed.append((tenant, size))
     return signed
 
 
 # ---- reads (runtime pool, the caller's tenant) ---------------------------------------------------
+
+
+class LogTampered(Exception):
+    """Stored log data no longer matches what was logged (an edit in the database): a 500, logged."""
 
 
 def not_yet_logged(retry_after: int) -> LedgerError:
@@ -393,6 +429,10 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
             raise not_yet_logged(retry_after)
         leaf = tiles.decode_bundle(bundle)[index % TILE_WIDTH]
         proof = await _computed(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
+        level0 = await _computed(conn, tenant, lambda read: read([(0, index)])[0])
+        if level0 != leaf_hash(leaf):  # the stored entry was changed after it was logged
+            log.error("log_entry_mismatch", tenant=tenant, index=index)
+            raise LogTampered("entry_mismatch")
     return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
 
 
@@ -573,3 +613,125 @@ async def submit_to_witnesses(
             "log_witness_quorum_missed", tenant=tenant, size=size, cosignatures=count, quorum=witnesses.quorum
         )
     return count
+
+
+# ---- rollback recovery (effect-ledger log-recover) ---------------------------------------------------
+
+
+class RecoveryError(Exception):
+    """log-recover cannot proceed; the message says why (nothing was changed)."""
+
+
+def read_mirror(directory: Path, size: int) -> list[bytes]:
+    """The first `size` leaves from a mirror of entry bundles laid out as c2sp.org/tlog-tiles does
+    (DIR/tile/entries/N[.p/W]): full bundles, then the partial one of the signed size."""
+    leaves: list[bytes] = []
+    n = 0
+    while len(leaves) < size:
+        remaining = size - len(leaves)
+        width = min(TILE_WIDTH, remaining)
+        candidates = [tiles.TileRef(ENTRIES, n, TILE_WIDTH)]
+        if width < TILE_WIDTH:
+            candidates.insert(0, tiles.TileRef(ENTRIES, n, width))
+        for ref in candidates:
+            path = directory / tiles.tile_path(ref)
+            if path.is_file():
+                leaves.extend(tiles.decode_bundle(path.read_bytes())[:width])
+                break
+        else:
+            raise RecoveryError(f"the mirror lacks entry bundle {tiles.tile_path(candidates[-1])}")
+        n += 1
+    return leaves[:size]
+
+
+def _mirror_root(leaves: Sequence[bytes], upto: int) -> bytes:
+    store = tiles.append(0, {}, [leaf_hash(leaf) for leaf in leaves[:upto]])
+    return merkle.tree_root(upto, lambda nodes: tiles.read_nodes(nodes, store))
+
+
+async def recover_tenant(
+    conn: asyncpg.Connection, tenant: str, signed: Signed, mirror: Sequence[bytes], origin_prefix: str
+) -> dict[str, int]:
+    """Bring a tenant's database log back to what the signer signed, from mirrored leaves: every
+    logged receipt the database lost becomes a committed tombstone again (so its ID answers
+    reuse_receipt and is never executed twice), at its logged feed position, and the tiles are
+    rebuilt to the signed size and root. One transaction: all of it or nothing."""
+    if len(mirror) < signed.size or _mirror_root(mirror, signed.size) != signed.root:
+        raise RecoveryError("the mirrored entries do not hash to the root the signer signed")
+    counts = {"tombstones": 0, "repositioned": 0, "overwritten": 0, "leaves": 0}
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_open"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            raise RecoveryError("another integrator holds the tenant's log; stop the service's log first")
+        db_size, db_root = int(state["size"]), bytes(state["root"])
+        if db_size >= signed.size:
+            return counts
+        if _mirror_root(mirror, db_size) != db_root:
+            raise RecoveryError("the database's log is not a prefix of the mirrored log")
+        leaves = [json.loads(leaf) for leaf in mirror[db_size : signed.size]]
+        wanted = {int(leaf["index"]) + 1: str(leaf["operation_id"]) for leaf in leaves}
+        for row in await conn.fetch(sql("log_positioned_between"), tenant, db_size, signed.size):
+            if wanted.get(int(row["feed_position"])) != row["operation_id"]:
+                await conn.execute(sql("log_unposition"), tenant, row["operation_id"])
+                counts["repositioned"] += 1
+        for leaf in leaves:
+            position = int(leaf["index"]) + 1
+            committed_at = datetime.fromisoformat(str(leaf["committed_at"]).replace("Z", "+00:00"))
+            op_id = str(leaf["operation_id"])
+            existing = await conn.fetchrow(sql("log_operation_state"), tenant, op_id)
+            if existing is None:
+                await conn.fetchval(
+                    sql("log_restore_tombstone"), tenant, op_id, leaf["principal"], leaf["tool"],
+                    leaf["tool_version"], leaf["intent_digest"], int(leaf["attempt"]), committed_at,
+                    leaf["chain_hash"], leaf["receipt_digest"], position,
+                )  # fmt: skip
+                counts["tombstones"] += 1
+            elif existing["status"] != "committed":
+                await conn.execute(
+                    sql("log_make_tombstone"), tenant, op_id, leaf["receipt_digest"], position, committed_at
+                )
+                counts["overwritten"] += 1
+            elif existing["feed_position"] != position:
+                await conn.execute(sql("log_position_set"), tenant, op_id, position)
+                counts["repositioned"] += 1
+        await conn.execute(sql("log_feed_catch_up"), tenant, signed.size)
+        new_size, root = await append_leaves(conn, tenant, db_size, mirror[db_size : signed.size])
+        if (new_size, root) != (signed.size, signed.root):
+            raise RecoveryError("the rebuilt log does not reach the signed root")
+        await conn.execute(
+            sql("log_decision_put"),
+            tenant,
+            "recovered",
+            signed.size,
+            db_size,
+            "re-created from mirrored entries",
+        )
+        counts["leaves"] = new_size - db_size
+    log.warning("log_recovered", tenant=tenant, signed_size=signed.size, db_size=db_size, **counts)
+    return counts
+
+
+async def accept_loss(
+    conn: asyncpg.Connection, signer: LogSigner, origin_prefix: str, tenant: str, reason: str
+) -> int:
+    """An operator's recorded decision: the tenant's log continues from the database's size. The
+    signer's state moves back to it (the loss stays visible: witnesses refuse the fork). Answers the
+    number of signed leaves given up."""
+    states = await signer.states()
+    origin = origin_of(origin_prefix, tenant)
+    signed = states.get(origin)
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_open"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            raise RecoveryError("another integrator holds the tenant's log; stop the service's log first")
+        db_size, db_root = int(state["size"]), bytes(state["root"])
+        if signed is None or db_size >= signed.size:
+            return 0
+        await signer.accept_loss(origin, db_size, db_root)
+        await conn.execute(sql("log_decision_put"), tenant, "accept_loss", signed.size, db_size, reason)
+    log.error("log_loss_accepted", tenant=tenant, signed_size=signed.size, db_size=db_size, reason=reason)
+    return signed.size - db_size
