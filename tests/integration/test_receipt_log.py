@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +26,11 @@ from support.server import Service
 from support.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
+VERIFY = Path(sys.executable).with_name("effect-ledger-verify")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
 
 
 def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
@@ -161,6 +168,22 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
         assert int(r.headers["retry-after"]) >= 1
         r = await get(client, "/v1/log/proof", {"operation_id": "never"}, **AUDITOR)
         assert r.status_code == 404
+        # the auditor's session: key and proof fetched, then verified offline by effect-ledger-verify
+        (tmp_path / "key.json").write_text((await get(client, "/v1/log/key", **AUDITOR)).text)
+        proof = (await get(client, "/v1/log/proof", {"operation_id": "first"}, **AUDITOR)).text
+        (tmp_path / "first.tlog-proof").write_text(proof)
+        view = (await get(client, "/v1/operations/first", **AUDITOR)).json()
+        (tmp_path / "receipt.json").write_text(json.dumps(view["receipt"]))
+        verify = [str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "key.json")]
+        ok = subprocess.run(
+            [*verify, "--receipt", str(tmp_path / "receipt.json")], capture_output=True, text=True
+        )
+        assert ok.returncode == 0 and ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1"), ok
+        (tmp_path / "receipt.json").write_text(json.dumps({**view["receipt"], "external_ref": "other"}))
+        bad = subprocess.run(
+            [*verify, "--receipt", str(tmp_path / "receipt.json")], capture_output=True, text=True
+        )
+        assert bad.returncode == 1 and "receipt_digest" in bad.stderr, bad
         r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
         assert r.status_code == 403
         assert (await client.get("/v1/log/checkpoint")).status_code == 401

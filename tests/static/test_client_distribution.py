@@ -119,7 +119,7 @@ def test_the_client_wheel_installs_into_an_empty_venv_without_the_server(tmp_pat
     tops = {n.split("/")[1] for n in modules if n.count("/") >= 2} | {n for n in modules if n.count("/") == 1}
     assert tops == {"client", "domain", "effect_ledger/__init__.py", "effect_ledger/py.typed"}
     requires = sorted(re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)", metadata, re.MULTILINE))
-    assert requires == ["httpx", "msgspec"]
+    assert requires == ["cryptography", "httpx", "msgspec"]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -156,3 +156,34 @@ def test_the_client_wheel_installs_into_an_empty_venv_without_the_server(tmp_pat
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert "present: []" in probe.stdout, probe.stdout
     assert str(venv) in probe.stdout.split("client from:", 1)[1]
+
+    # effect-ledger-verify, installed as the wheel's console script, checks a proof file offline
+    proof, vkey = _proof_file(tmp_path)
+    verify = [str(venv / "bin" / "effect-ledger-verify"), str(proof), "--vkey", vkey]
+    env = {"PYTHONPATH": str(deps), "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run(verify, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1: operation op-1"), ok.stdout
+    proof.write_text(proof.read_text().replace("index 0", "index 1"))
+    bad = subprocess.run(verify, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("FAILED: "), bad.stderr
+
+
+def _proof_file(tmp_path: Path) -> tuple[Path, str]:
+    """A one-leaf log's proof file, signed with a fresh key, and that key's vkey."""
+    from datetime import UTC, datetime
+
+    from effect_ledger.domain.merkle import leaf_hash
+    from effect_ledger.domain.note import Checkpoint, Signer, sign_note
+    from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, proof_file
+
+    signer = Signer("effect-ledger.local/t1", bytes(range(32)))
+    facts = LeafFacts(
+        "t1", "op-1", "exec-1", "tool", "1", "sha256:" + "0" * 64, 1, "sha256:" + "1" * 64, "2" * 64,
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )  # fmt: skip
+    leaf = leaf_data(facts, 0, bytes(32))
+    note = sign_note(Checkpoint(signer.name, 1, leaf_hash(leaf)).text, signer)
+    path = tmp_path / "op-1.tlog-proof"
+    path.write_text(proof_file(leaf, 0, [], note))
+    return path, signer.verifier.vkey
