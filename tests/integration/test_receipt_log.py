@@ -175,14 +175,10 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
         view = (await get(client, "/v1/operations/first", **AUDITOR)).json()
         (tmp_path / "receipt.json").write_text(json.dumps(view["receipt"]))
         verify = [str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "key.json")]
-        ok = subprocess.run(
-            [*verify, "--receipt", str(tmp_path / "receipt.json")], capture_output=True, text=True
-        )
+        ok = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
         assert ok.returncode == 0 and ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1"), ok
         (tmp_path / "receipt.json").write_text(json.dumps({**view["receipt"], "external_ref": "other"}))
-        bad = subprocess.run(
-            [*verify, "--receipt", str(tmp_path / "receipt.json")], capture_output=True, text=True
-        )
+        bad = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
         assert bad.returncode == 1 and "receipt_digest" in bad.stderr, bad
         r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
         assert r.status_code == 403
