@@ -17,6 +17,7 @@ def signer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", dest="key_file", help="the Ed25519 key file (LOG_SIGNER_KEY)")
     parser.add_argument("--state", dest="state_dir", help="the signer's state directory (LOG_SIGNER_STATE)")
     parser.add_argument("--generate-key", action="store_true", help="create the key file if absent")
+    parser.add_argument("--init", action="store_true", help="only create the key file (if absent), then exit")
     parser.add_argument(
         "--accept-loss", metavar="ORIGIN", help="an operator's decision: ORIGIN continues from --size/--root"
     )
@@ -32,8 +33,11 @@ def signer_command(args: argparse.Namespace, settings: Settings) -> int:
 
     key = Path(args.key_file) if args.key_file else key_path(settings)
     state = Path(args.state_dir) if args.state_dir else state_path(settings)
-    if args.generate_key:
+    if args.generate_key or args.init:
         create_key(key, settings.log_origin)
+    if args.init:
+        print(json.dumps({"key": str(key)}))
+        return 0
     if not key.is_file():
         print(f"log-signer: no key file at {key} (--generate-key creates one)", file=sys.stderr)
         return 2
