@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -20,7 +21,8 @@ from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.note import parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
-from support.auth import auth
+from support.auth import auth, token
+from support.console import signed_in
 from support.ledger import AUDITOR, committed, get
 from support.server import Service
 from support.waiting import until
@@ -183,3 +185,32 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
         r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
         assert r.status_code == 403
         assert (await client.get("/v1/log/checkpoint")).status_code == 401
+
+
+async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        for i in range(3):
+            await committed(client, f"op-{i}")
+        await wait_for_size(client, 3)
+        await signed_in(client, token(scope="ledger:audit ledger:reconcile", sub="aud-1"))
+        page = await client.get("/console/operations/op-2")
+        assert page.status_code == 200
+        assert '<dd id="log-index">2</dd>' in page.text
+        assert "Its proof verifies against the current signed checkpoint" in page.text
+        overview = await client.get("/console/")
+        assert '<dd id="log-size">3</dd>' in overview.text
+        assert "effect-ledger.local/t1" in overview.text and "none configured" in overview.text
+        owner = await asyncpg.connect(running.settings.database_url)
+        try:  # as the superuser: the receipt of op-1 edited after it was logged
+            await owner.execute(
+                "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
+                " WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+            )
+        finally:
+            await owner.close()
+        page = await client.get("/console/operations/op-1")
+        assert "Its proof does not verify" in page.text and "receipt_digest" in page.text
+        await signed_in(client, token(scope="ledger:reconcile", sub="rec-1"))
+        assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
