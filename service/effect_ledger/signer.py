@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -70,13 +71,24 @@ class LogSigner(Protocol):
 
 
 def create_key(path: Path, prefix: str) -> None:
-    """Write a new signer key file (mode 0600) unless one exists."""
+    """Write a new signer key file (mode 0600) unless one exists; atomic, so processes starting at
+    once agree on one key (each writes a private temporary file, the first link wins)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(format_skey(Signer(prefix, secrets.token_bytes(32))) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(format_skey(Signer(prefix, secrets.token_bytes(32))) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: use that one
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class FileSigner:
@@ -265,12 +277,16 @@ def key_path(settings: Settings) -> Path:
 
 
 def state_path(settings: Settings) -> Path:
-    """The in-process signer's state directory: LOG_SIGNER_STATE, or DATA_DIR/log-signer."""
-    return (
-        Path(settings.log_signer_state).expanduser()
-        if settings.log_signer_state
-        else settings.data_path / "log-signer"
-    )
+    """The in-process signer's state directory: LOG_SIGNER_STATE, or one per database under
+    DATA_DIR/log-signer (named by a digest of the database's host, port and name, never its
+    credentials): a data directory shared by services of different databases never mixes their
+    states. A restore into a database of another name is caught only with LOG_SIGNER_STATE set
+    (or a signer of its own): set it in production."""
+    if settings.log_signer_state:
+        return Path(settings.log_signer_state).expanduser()
+    where = urlsplit(settings.database_url or "")
+    identity = f"{where.hostname}:{where.port}{where.path}".encode()
+    return settings.data_path / "log-signer" / f"state-{hashlib.sha256(identity).hexdigest()[:16]}"
 
 
 def signer_from_settings(settings: Settings) -> LogSigner:
