@@ -556,12 +556,13 @@ UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = clock_timestam
 
 -- name: log_states
 -- Every tenant's integrated tree and its last checkpoint (maintenance scope), for the checkpointer.
-SELECT s.tenant_id, s.size, s.root, c.size AS signed_size, c.signed_at
+-- A join on tenant_id of a subquery grouped by tenant_id: Citus pushes it down to every shard.
+SELECT s.tenant_id, s.size, s.root, c.signed_size, c.signed_at
 FROM ledger.log_state AS s
-LEFT JOIN LATERAL (
-    SELECT k.size, k.signed_at FROM ledger.log_checkpoints AS k
-    WHERE k.tenant_id = s.tenant_id ORDER BY k.size DESC LIMIT 1
-) AS c ON true;
+LEFT JOIN (
+    SELECT k.tenant_id, max(k.size) AS signed_size, max(k.signed_at) AS signed_at
+    FROM ledger.log_checkpoints AS k GROUP BY k.tenant_id
+) AS c ON c.tenant_id = s.tenant_id;
 
 -- name: log_checkpoint_put
 -- Keep a checkpoint the signer signed (a repeat of the same size changes nothing).
