@@ -449,16 +449,6 @@ async def consistency_of(ledger: Ledger, tenant: str, old: int) -> list[bytes]:
     return proof
 
 
-async def log_index_of(ledger: Ledger, tenant: str, operation_id: str) -> int | None:
-    """The leaf index of a committed operation when a signed checkpoint covers it, else None."""
-    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_index") as (conn, _):
-        position = await conn.fetchval(sql("log_position"), tenant, operation_id)
-        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
-    if position is None or row is None or position > row["size"]:
-        return None
-    return int(position) - 1
-
-
 # ---- the background task of `serve` -----------------------------------------------------------------
 
 
