@@ -730,6 +730,8 @@ CREATE TABLE ledger.log_state (
     size bigint NOT NULL,
     root bytea NOT NULL,
     integrated_at timestamp with time zone NOT NULL,
+    signed_size bigint,
+    signed_at timestamp with time zone,
     CONSTRAINT log_state_root_check CHECK ((octet_length(root) = 32)),
     CONSTRAINT log_state_size_check CHECK ((size >= 0))
 );

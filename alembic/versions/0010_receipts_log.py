@@ -29,6 +29,8 @@ CREATE TABLE ledger.log_state (
     size          bigint      NOT NULL CHECK (size >= 0),
     root          bytea       NOT NULL CHECK (octet_length(root) = 32),
     integrated_at timestamptz NOT NULL,
+    signed_size   bigint,       -- the latest checkpoint's size and time (also in log_checkpoints)
+    signed_at     timestamptz,
     PRIMARY KEY (tenant_id)
 );
 CREATE TABLE ledger.log_tiles (

@@ -556,19 +556,18 @@ UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = clock_timestam
 
 -- name: log_states
 -- Every tenant's integrated tree and its last checkpoint (maintenance scope), for the checkpointer.
--- A join on tenant_id of a subquery grouped by tenant_id: Citus pushes it down to every shard.
-SELECT s.tenant_id, s.size, s.root, c.signed_size, c.signed_at
-FROM ledger.log_state AS s
-LEFT JOIN (
-    SELECT k.tenant_id, max(k.size) AS signed_size, max(k.signed_at) AS signed_at
-    FROM ledger.log_checkpoints AS k GROUP BY k.tenant_id
-) AS c ON c.tenant_id = s.tenant_id;
+SELECT tenant_id, size, root, signed_size, signed_at FROM ledger.log_state;
 
 -- name: log_checkpoint_put
 -- Keep a checkpoint the signer signed (a repeat of the same size changes nothing).
 INSERT INTO ledger.log_checkpoints (tenant_id, size, root, note, signed_at)
 VALUES ($1, $2, $3, $4, clock_timestamp())
 ON CONFLICT (tenant_id, size) DO NOTHING;
+
+-- name: log_signed
+-- The tenant's latest checkpoint, noted on its log state row (under log_lock).
+UPDATE ledger.log_state SET signed_size = $2, signed_at = clock_timestamp()
+WHERE tenant_id = $1 AND (signed_size IS NULL OR signed_size < $2);
 
 -- name: log_cosignatures_put
 -- The witness cosignature lines collected for a checkpoint.

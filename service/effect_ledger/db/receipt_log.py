@@ -302,6 +302,7 @@ async def checkpoint_tenant(
             )
             return None
         await conn.execute(sql("log_checkpoint_put"), tenant, size, root, note)
+        await conn.execute(sql("log_signed"), tenant, size)
     return size
 
 
