@@ -65,7 +65,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(verified.line)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
