@@ -642,3 +642,13 @@ WHERE tenant_id = $1 AND operation_id = $2;
 -- log-recover: the feed counter at least at the recovered log's size.
 INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, $2)
 ON CONFLICT (tenant_id) DO UPDATE SET last_position = GREATEST(ledger.feed_counters.last_position, $2);
+
+-- name: log_batch_chains
+-- The operations of an integration batch with their events in (operation_id, seq) order: each chain
+-- is recomputed, and each receipt compared with the event that recorded it, before it is logged.
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+FROM ledger.operations AS o
+LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[])
+ORDER BY o.operation_id, e.seq;

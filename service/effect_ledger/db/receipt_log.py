@@ -37,6 +37,7 @@ from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import owner_connection
 from effect_ledger.db.pools import tenant_tx
+from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
@@ -44,6 +45,7 @@ from effect_ledger.domain.model import receipt_digest
 from effect_ledger.domain.note import NoteError, note_signed_by, parse_note, parse_vkey
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
+from effect_ledger.domain.transitions import RECEIPT_CONTENT
 from effect_ledger.domain.witness import add_checkpoint_body
 from effect_ledger.settings import Settings
 from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_settings
@@ -157,7 +159,42 @@ async def append_leaves(
     return new_size, root
 
 
-async def integrate_tenant(conn: asyncpg.Connection, tenant: str, batch_size: int) -> int:
+async def _intact_receipts(
+    conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
+) -> set[str]:
+    """The operations of a batch whose hash chain recomputes and whose stored receipt is the one
+    the chain recorded (the committing event's receipt, by its actor). A tombstone has no events
+    left to compare: its kept digest is taken as it is."""
+    ids = [r["operation_id"] for r in rows]
+    if not ids:
+        return set()
+    chains: dict[str, list[Mapping[str, Any]]] = {}
+    for row in await conn.fetch(sql("log_batch_chains"), tenant, ids):
+        chains.setdefault(row["operation_id"], []).append(row)
+    intact = set()
+    for row in rows:
+        chain = chains.get(row["operation_id"], [])
+        if row["receipt"] is None:
+            intact.add(row["operation_id"])
+            continue
+        if not chain or not chain_verdict(chain).ok:
+            continue
+        events = [e for e in chain if e["seq"] is not None and e["to_status"] == "committed"]
+        if not events:
+            continue
+        recorded = (events[-1]["data"] or {}).get("receipt") or {}
+        stored = row["receipt"]
+        if (
+            all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
+            and stored.get("recorded_by") == events[-1]["actor"]
+        ):
+            intact.add(row["operation_id"])
+    return intact
+
+
+async def integrate_tenant(
+    conn: asyncpg.Connection, tenant: str, batch_size: int, refuse: Refuse = _no_refusal
+) -> int:
     """Position the tenant's new receipts on the feed, then append the next batch to its log; answers
     how many leaves were appended (0 when another integrator holds the tenant)."""
     async with conn.transaction():
@@ -172,10 +209,17 @@ async def integrate_tenant(conn: asyncpg.Connection, tenant: str, batch_size: in
             return 0
         size = int(state["size"])
         rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
+        intact = await _intact_receipts(conn, tenant, rows)
         data = []
         for k, row in enumerate(rows):
             if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else
                 log.warning("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
+                break
+            if row["operation_id"] not in intact:  # edited before it was logged: it never enters the log
+                refuse("receipt_mismatch", tenant)
+                log.error(
+                    "log_receipt_refused", tenant=tenant, operation_id=row["operation_id"], index=size + k
+                )
                 break
             data.append(leaf_data(_facts(tenant, row), size + k, os.urandom(32)))
         if not data:
@@ -184,7 +228,9 @@ async def integrate_tenant(conn: asyncpg.Connection, tenant: str, batch_size: in
     return len(data)
 
 
-async def integrate(conn: asyncpg.Connection, batch_size: int, guard: LogGuard) -> int:
+async def integrate(
+    conn: asyncpg.Connection, batch_size: int, guard: LogGuard, refuse: Refuse = _no_refusal
+) -> int:
     """One integration pass over every tenant with receipts to log (tenants behind the signer wait
     for log-recover: their positions would collide with signed leaves)."""
     async with conn.transaction():
@@ -195,7 +241,7 @@ async def integrate(conn: asyncpg.Connection, batch_size: int, guard: LogGuard) 
     for tenant in tenants:
         if tenant in guard.behind:
             continue
-        total += await integrate_tenant(conn, tenant, batch_size)
+        total += await integrate_tenant(conn, tenant, batch_size, refuse)
     return total
 
 
@@ -475,7 +521,7 @@ async def background_log(
     async def integrate_loop() -> None:
         while True:
             try:
-                await integrate(integrating, settings.log_batch_size, guard)
+                await integrate(integrating, settings.log_batch_size, guard, refuse)
             except Exception as exc:
                 log.warning("log_integrate_failed", exception_type=type(exc).__name__)
             await asyncio.sleep(settings.log_integrate_interval_ms / 1000)
