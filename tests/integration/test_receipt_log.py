@@ -5,6 +5,7 @@ entry bundles against level-0 tiles, consistency between checkpoints, tenant iso
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -214,3 +215,37 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         assert "Its proof does not verify" in page.text and "receipt_digest" in page.text
         await signed_in(client, token(scope="ledger:reconcile", sub="rec-1"))
         assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
+
+
+async def test_concurrent_integrators_write_one_log_in_feed_order(settings: Settings, db_url: str) -> None:
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        ops = [f"op-{i:03d}" for i in range(600)]
+        for op in ops:
+            await committed(client, op)
+    conns = [await owner_connection(settings) for _ in range(4)]
+    try:
+
+        async def integrator(conn: asyncpg.Connection) -> int:
+            total = 0
+            for _ in range(40):
+                total += await receipt_log.integrate_tenant(conn, "t1", 50)
+            return total
+
+        appended = await asyncio.gather(*(integrator(c) for c in conns))
+        assert sum(appended) == 600  # each receipt appended exactly once, whoever held the tenant
+        owner = conns[0]
+        size, root = await owner.fetchrow("SELECT size, root FROM ledger.log_state WHERE tenant_id = 't1'")
+        tiles_rows = await owner.fetch("SELECT level, idx, data FROM ledger.log_tiles WHERE tenant_id = 't1'")
+    finally:
+        for conn in conns:
+            await conn.close()
+    store = {(r["level"], r["idx"]): bytes(r["data"]) for r in tiles_rows}
+    entries = [e for n in range(3) for e in tiles.decode_bundle(store[(tiles.ENTRIES, n)])]
+    assert size == 600 and [json.loads(e)["operation_id"] for e in entries] == ops
+    assert [json.loads(e)["index"] for e in entries] == list(range(600))
+    hashes = [merkle.leaf_hash(e) for e in entries]
+    assert merkle.naive_root(hashes) == bytes(root)
+    assert merkle.tree_root(600, lambda nodes: tiles.read_nodes(nodes, store)) == bytes(root)
