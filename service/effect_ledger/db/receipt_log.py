@@ -54,6 +54,7 @@ log = structlog.get_logger("effect_ledger.receipt_log")
 
 FEED_BATCH = 1000
 AUDIT_BUNDLES = 4  # bundles of the already signed log re-checked per checkpoint attempt, round robin
+IDLE_AUDIT_HORIZON = 3600  # seconds after its last checkpoint during which an idle log is still audited
 
 
 @dataclass
@@ -65,6 +66,7 @@ class LogGuard:
     checked: bool = False
     tainted: dict[str, str] = field(default_factory=dict)  # tenant -> the refusal that stops its signing
     audit_cursor: dict[str, int] = field(default_factory=dict)  # tenant -> next leaf the audit checks
+    audited_at: dict[str, float] = field(default_factory=dict)  # tenant -> last idle audit (epoch s)
 
     @property
     def blocked(self) -> bool:
@@ -352,6 +354,42 @@ async def checkpoint_tenant(
     return size
 
 
+async def audit_idle(
+    conn: asyncpg.Connection,
+    tenant: str,
+    row: Mapping[str, Any],
+    config: LogConfig,
+    guard: LogGuard,
+    refuse: Refuse,
+    now: float,
+) -> None:
+    """A log that did not grow is audited all the same, at most every LOG_CHECKPOINT_SECONDS while it
+    was signed within the last hour: the root from its tiles, and AUDIT_BUNDLES bundles (round robin)
+    against their tiles and receipts. What it finds is a refusal, and the tenant stays unsigned."""
+    signed_at = row["signed_at"]
+    if tenant in guard.tainted or signed_at is None or now - signed_at.timestamp() > IDLE_AUDIT_HORIZON:
+        return
+    if now - guard.audited_at.get(tenant, 0.0) < config.checkpoint_seconds:
+        return
+    guard.audited_at[tenant] = now
+    size, root = int(row["size"]), bytes(row["root"])
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        reason = None
+        if await _computed(conn, tenant, lambda read: merkle.tree_root(size, read)) != root:
+            reason = "root_mismatch"
+        else:
+            start = guard.audit_cursor.get(tenant, 0)
+            start = 0 if start >= size else start
+            end = min(size, start + AUDIT_BUNDLES * TILE_WIDTH)
+            reason = await _check_new_entries(conn, tenant, start, end)
+            guard.audit_cursor[tenant] = end
+    if reason is not None:
+        guard.tainted[tenant] = reason
+        refuse(reason, tenant)
+        log.warning("log_audit_failed", tenant=tenant, reason=reason, size=size)
+
+
 async def behind_signer(
     conn: asyncpg.Connection, states: Mapping[str, Signed], origin_prefix: str
 ) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
@@ -397,6 +435,7 @@ async def checkpoint(
         if tenant in behind or row["size"] == 0:
             continue
         if row["signed_size"] is not None and row["size"] <= row["signed_size"]:
+            await audit_idle(conn, tenant, row, config, guard, refuse, now)
             continue
         last = row["signed_at"]
         if last is not None and now - last.timestamp() < config.checkpoint_seconds:
