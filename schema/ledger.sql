@@ -700,6 +700,57 @@ CREATE TABLE ledger.feed_counters (
 
 ALTER TABLE ONLY ledger.feed_counters FORCE ROW LEVEL SECURITY;
 
+CREATE TABLE ledger.log_checkpoints (
+    tenant_id text NOT NULL,
+    size bigint NOT NULL,
+    root bytea NOT NULL,
+    note text NOT NULL,
+    cosignatures text DEFAULT ''::text NOT NULL,
+    signed_at timestamp with time zone NOT NULL,
+    CONSTRAINT log_checkpoints_root_check CHECK ((octet_length(root) = 32)),
+    CONSTRAINT log_checkpoints_size_check CHECK ((size >= 0))
+);
+
+ALTER TABLE ONLY ledger.log_checkpoints FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE ledger.log_decisions (
+    tenant_id text NOT NULL,
+    decided_at timestamp with time zone NOT NULL,
+    kind text NOT NULL,
+    signed_size bigint NOT NULL,
+    db_size bigint NOT NULL,
+    reason text NOT NULL,
+    CONSTRAINT log_decisions_kind_check CHECK ((kind = ANY (ARRAY['accept_loss'::text, 'recovered'::text])))
+);
+
+ALTER TABLE ONLY ledger.log_decisions FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE ledger.log_state (
+    tenant_id text NOT NULL,
+    size bigint NOT NULL,
+    root bytea NOT NULL,
+    integrated_at timestamp with time zone NOT NULL,
+    signed_size bigint,
+    signed_at timestamp with time zone,
+    CONSTRAINT log_state_root_check CHECK ((octet_length(root) = 32)),
+    CONSTRAINT log_state_size_check CHECK ((size >= 0))
+);
+
+ALTER TABLE ONLY ledger.log_state FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE ledger.log_tiles (
+    tenant_id text NOT NULL,
+    level smallint NOT NULL,
+    idx bigint NOT NULL,
+    width smallint NOT NULL,
+    data bytea NOT NULL,
+    CONSTRAINT log_tiles_idx_check CHECK ((idx >= 0)),
+    CONSTRAINT log_tiles_level_check CHECK (((level >= '-1'::integer) AND (level <= 63))),
+    CONSTRAINT log_tiles_width_check CHECK (((width >= 1) AND (width <= 256)))
+);
+
+ALTER TABLE ONLY ledger.log_tiles FORCE ROW LEVEL SECURITY;
+
 ALTER TABLE ONLY diagnostics.access_log
     ADD CONSTRAINT access_log_pkey PRIMARY KEY (tenant_id, access_id);
 
@@ -720,6 +771,18 @@ ALTER TABLE ONLY ledger.events
 
 ALTER TABLE ONLY ledger.feed_counters
     ADD CONSTRAINT feed_counters_pkey PRIMARY KEY (tenant_id);
+
+ALTER TABLE ONLY ledger.log_checkpoints
+    ADD CONSTRAINT log_checkpoints_pkey PRIMARY KEY (tenant_id, size);
+
+ALTER TABLE ONLY ledger.log_decisions
+    ADD CONSTRAINT log_decisions_pkey PRIMARY KEY (tenant_id, decided_at);
+
+ALTER TABLE ONLY ledger.log_state
+    ADD CONSTRAINT log_state_pkey PRIMARY KEY (tenant_id);
+
+ALTER TABLE ONLY ledger.log_tiles
+    ADD CONSTRAINT log_tiles_pkey PRIMARY KEY (tenant_id, level, idx);
 
 ALTER TABLE ONLY ledger.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant_id, operation_id);
@@ -784,9 +847,25 @@ ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE ledger.feed_counters ENABLE ROW LEVEL SECURITY;
 
+ALTER TABLE ledger.log_checkpoints ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE ledger.log_decisions ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE ledger.log_state ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE ledger.log_tiles ENABLE ROW LEVEL SECURITY;
+
 CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON ledger.feed_counters TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.log_checkpoints TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.log_decisions TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.log_state TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.log_tiles TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON ledger.operations TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
@@ -795,6 +874,14 @@ ALTER TABLE ledger.operations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON ledger.events USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON ledger.feed_counters USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.log_checkpoints USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.log_decisions USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.log_state USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.log_tiles USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON ledger.operations USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
@@ -830,3 +917,11 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE journal.sessions TO effect_ledger_run
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE ledger.feed_counters TO effect_ledger_runtime;
+
+GRANT SELECT ON TABLE ledger.log_checkpoints TO effect_ledger_runtime;
+
+GRANT SELECT ON TABLE ledger.log_decisions TO effect_ledger_runtime;
+
+GRANT SELECT ON TABLE ledger.log_state TO effect_ledger_runtime;
+
+GRANT SELECT ON TABLE ledger.log_tiles TO effect_ledger_runtime;

@@ -95,7 +95,9 @@ async def db_url(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncI
 @pytest.fixture
 def settings(db_url: str) -> Settings:
     """Settings for a service on the test's database, with the test secret and no background sweep."""
-    return Settings(database_url=db_url, jwt_secret=TEST_SECRET, background_sweep=False, pool_size=20)
+    return Settings(
+        database_url=db_url, jwt_secret=TEST_SECRET, background_sweep=False, pool_size=20, log_enabled=False
+    )
 
 
 @pytest.fixture

@@ -63,6 +63,27 @@ COMMANDS: dict[str, Command] = {
         flags="effect_ledger.schema_cli:schema_flags",
         setting_flags=False,
     ),
+    "log-signer": Command(
+        "serve the receipts log's signer on a local address: the Ed25519 key and its state stay here",
+        "effect_ledger.log_cli:signer_command",
+        flags="effect_ledger.log_cli:signer_flags",
+    ),
+    "log-key": Command(
+        "print a tenant's log origin, verifier key, witnesses and quorum (for auditors to pin)",
+        "effect_ledger.log_cli:key_command",
+        flags="effect_ledger.log_cli:key_flags",
+    ),
+    "witness": Command(
+        "run a small c2sp.org/tlog-witness (add-checkpoint, persisted state) for the receipts logs",
+        "effect_ledger.log_cli:witness_command",
+        flags="effect_ledger.log_cli:witness_flags",
+        setting_flags=False,
+    ),
+    "log-recover": Command(
+        "after a restore behind the signer: re-create lost receipts from mirrored entries, or accept a loss",
+        "effect_ledger.log_cli:recover_command",
+        flags="effect_ledger.log_cli:recover_flags",
+    ),
     "bench": Command(
         "measure effect cycles against the PostgreSQL limit (distribution effect-ledger-bench, ./bench)",
         "effect_ledger_bench.command:bench_command",

@@ -53,6 +53,11 @@ POSTGRES_URL = Rule("a postgresql:// URL", lambda value: value.startswith(("post
 READABLE_FILE = Rule("a readable file", lambda value: Path(value).expanduser().is_file())
 
 
+def _key_name(value: str) -> bool:
+    """A signed-note key name: non-empty, without Unicode spaces or `+`."""
+    return bool(value) and not any(c.isspace() or c == "+" for c in value)
+
+
 def setting(default: Any, doc: str, rule: Rule | None = None) -> Any:
     """A setting's default, its one-line documentation and its validation rule (checked when set)."""
     return field(default=default, metadata={"doc": doc, "rule": rule})
@@ -173,6 +178,46 @@ class Settings:
         30,
         "how often `serve` reads the unknown-outcome and purge backlog gauges across tenants (`0`: never)",
         at_least(0),
+    )
+    log_enabled: bool = setting(
+        True,
+        "run the verifiable receipts log's integrator and checkpointer inside `serve` (API.md section 14)",
+    )
+    log_origin: str = setting(
+        "effect-ledger.local",
+        "the log's origin prefix: a tenant's checkpoint origin and key name are this + `/` + tenant",
+        Rule(
+            "a key name without spaces, `+` or a trailing `/`", lambda v: _key_name(v) and not v.endswith("/")
+        ),
+    )
+    log_checkpoint_seconds: int = setting(
+        5, "a new checkpoint is signed at most this often per tenant, while its log grew", at_least(1)
+    )
+    log_integrate_interval_ms: int = setting(
+        500, "how often the integrator looks for committed receipts not yet in the log", at_least(10)
+    )
+    log_batch_size: int = setting(1000, "receipts appended to a tenant's log per transaction", at_least(1))
+    log_signer_url: str | None = setting(
+        None,
+        "URL of an `effect-ledger log-signer` (its own process, holding the key); absent: the signer "
+        "runs inside `serve` with `LOG_SIGNER_KEY` and `LOG_SIGNER_STATE`",
+    )
+    log_signer_key: str | None = setting(
+        None,
+        "the in-process signer's Ed25519 key file (`PRIVATE+KEY+…`, Go note format); absent: "
+        "`DATA_DIR/log-signer/key`, created on first start (embedded mode)",
+    )
+    log_signer_state: str | None = setting(
+        None,
+        "directory of the in-process signer's state (last signed size and root per origin); absent: "
+        "`DATA_DIR/log-signer`",
+    )
+    log_witnesses: str = setting(
+        "[]",
+        'witnesses that cosign each checkpoint: JSON `[{"url": …, "vkey": …}]` (c2sp.org/tlog-witness)',
+    )
+    log_witness_quorum: int = setting(
+        -1, "witness cosignatures a checkpoint needs; `-1`: every configured witness", at_least(-1)
     )
     log_level: str = setting(
         "info", "`debug`, `info`, `warning` or `error`", one_of("debug", "info", "warning", "error")

@@ -8,6 +8,7 @@ the screenshots of docs/console/.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -352,3 +353,54 @@ async def serious(axe: Axe, page: Page) -> list[str]:
         for v in results.response["violations"]
         if v.get("impact") in ("serious", "critical")
     ]
+
+
+@pytest.fixture
+async def logged_console(settings: Any, tmp_path: Path) -> AsyncIterator[Service]:
+    """The service with the receipts log on (its signer in process, its state in tmp_path)."""
+    from dataclasses import replace
+
+    configured = replace(
+        settings,
+        log_enabled=True,
+        log_signer_state=str(tmp_path / "signer"),
+        data_dir=str(tmp_path / "data"),
+        log_checkpoint_seconds=1,
+        log_integrate_interval_ms=50,
+    )
+    async with Service(configured) as running:
+        yield running
+
+
+async def test_the_receipts_log_on_the_operation_page_and_the_overview(
+    logged_console: Service, browser: Browser
+) -> None:
+    for op in ("charge-7701", "charge-7702"):
+        await seed_committed(logged_console, op, sub="checkout-worker")
+    async with logged_console.client() as http:
+        for _ in range(200):  # the checkpoint arrives within a second or two
+            r = await http.get("/v1/log/checkpoint", headers={"Authorization": f"Bearer {token()}"})
+            if r.status_code == 200 and "\n2\n" in r.text:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("no checkpoint of size 2")
+    page = await new_page(browser, logged_console)
+    await sign_in(
+        page,
+        token(sub="auditor-eva", scope="ledger:audit ledger:reconcile"),
+        "/console/operations/charge-7702",
+    )
+    assert await page.locator("#log-index").inner_text() == "1"
+    assert (
+        "proof verifies against the current signed checkpoint"
+        in await page.locator("#log-verdict").inner_text()
+    )
+    await shot(page, "operation-log")
+    findings = await serious(Axe(), page)
+    await page.goto("/console/")
+    assert await page.locator("#log-size").inner_text() == "2"
+    assert "none configured" in await page.locator("#log-witnesses").inner_text()
+    findings += await serious(Axe(), page)
+    await shot(page, "overview-log")
+    assert findings == []

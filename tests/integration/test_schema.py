@@ -60,6 +60,10 @@ async def test_runtime_role_is_neither_owner_superuser_nor_rls_bypasser(db_url: 
             "events",
             "feed_counters",
             "incidents",
+            "log_checkpoints",
+            "log_decisions",
+            "log_state",
+            "log_tiles",
             "operations",
         ]
         for r in owners:

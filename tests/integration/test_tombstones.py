@@ -68,8 +68,9 @@ async def test_every_claim_row_against_a_tombstone(
     assert view["status"] == "committed" and view["attempt"] == 1 and view["receipt"] is None
     assert view["purged"] is True and view["receipt_digest"] == intent_digest(receipt_shown)
     assert view["effect_ref"] is None and view["principal"] == "exec-1"
-    # GET shows the same view; an executor of another principal still gets 404
-    assert (await get(client, "/v1/operations/t-committed")).json() == view
+    # GET shows the same view (plus log_index, which reads look up: API.md section 14); an executor of
+    # another principal still gets 404
+    assert (await get(client, "/v1/operations/t-committed")).json() == {**view, "log_index": None}
     other = await get(client, "/v1/operations/t-committed", sub="exec-2", scope="ledger:execute")
     assert other.status_code == 404
     # binding differs -> 422 intent_conflict, checked first as ever

@@ -151,7 +151,7 @@ def test_the_client_wheel_holds_the_client_and_the_domain_only(wheels: dict[str,
     client = wheels[CLIENT]
     parts = {m.split("/")[1] if m.count("/") >= 2 else m for m in client.modules()}
     assert parts == {"client", "domain", "effect_ledger/__init__.py", "effect_ledger/py.typed"}
-    assert client.requires() == ["httpx", "msgspec"]
+    assert client.requires() == ["cryptography", "httpx", "msgspec"]  # cryptography: offline proof checks
 
 
 def test_the_client_installs_alone_without_the_server(venvs: Venvs) -> None:
@@ -162,6 +162,38 @@ def test_the_client_installs_alone_without_the_server(venvs: Venvs) -> None:
         "msgspec",
     ]
     assert importable(bin_dir, (*SERVER_ONLY, "effect_ledger.http", "uvicorn", "structlog", "jwt")) == []
+
+
+def test_the_client_alone_verifies_a_proof_file_offline(venvs: Venvs, tmp_path: Path) -> None:
+    """effect-ledger-verify, the client wheel's console script: a good proof file passes, a flipped one not."""
+    proof, vkey = _proof_file(tmp_path)
+    verify = ("effect-ledger-verify", str(proof), "--vkey", vkey)
+    ok = _run(venvs.bin("client"), *verify, env={})
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1: operation op-1"), ok.stdout
+    proof.write_text(proof.read_text().replace("index 0", "index 1"))
+    bad = _run(venvs.bin("client"), *verify, env={})
+    assert bad.returncode == 1 and bad.stderr.startswith("FAILED: "), bad.stderr
+
+
+def _proof_file(tmp_path: Path) -> tuple[Path, str]:
+    """A one-leaf log's proof file, signed with a fresh key, and that key's vkey."""
+    from datetime import UTC, datetime
+
+    from effect_ledger.domain.merkle import leaf_hash
+    from effect_ledger.domain.note import Checkpoint, Signer, sign_note
+    from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, proof_file
+
+    signer = Signer("effect-ledger.local/t1", bytes(range(32)))
+    facts = LeafFacts(
+        "t1", "op-1", "exec-1", "tool", "1", "sha256:" + "0" * 64, 1, "sha256:" + "1" * 64, "2" * 64,
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )  # fmt: skip
+    leaf = leaf_data(facts, 0, bytes(32))
+    note = sign_note(Checkpoint(signer.name, 1, leaf_hash(leaf)).text, signer)
+    path = tmp_path / "op-1.tlog-proof"
+    path.write_text(proof_file(leaf, 0, [], note))
+    return path, signer.verifier.vkey
 
 
 async def test_the_server_without_the_extra_needs_a_database_url_and_serves_on_one(

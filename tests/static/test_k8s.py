@@ -112,6 +112,10 @@ def test_expected_objects(name: str) -> None:
         ("CronJob", f"{APP}-purge"),
         ("ServiceMonitor", APP),
         ("PrometheusRule", APP),
+        ("Deployment", f"{APP}-log-signer"),
+        ("Service", f"{APP}-log-signer"),
+        ("NetworkPolicy", f"{APP}-log-signer"),
+        ("PersistentVolumeClaim", f"{APP}-log-signer-state"),
     }
     if name in EXPECTED_NAMESPACE:
         expected.add(("Namespace", EXPECTED_NAMESPACE[name]))
@@ -304,6 +308,39 @@ def test_service_hpa_and_pdb_target_the_deployment(name: str) -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
+# --- the receipts log's signer ---------------------------------------------------------------
+
+
+@builds
+def test_only_the_log_signer_mounts_the_signing_key(name: str) -> None:
+    mounting = []
+    for obj, template in workloads(name):
+        secrets = {v["secret"]["secretName"] for v in template["spec"].get("volumes", []) if "secret" in v}
+        envs = {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for c in template["spec"]["containers"]
+            for e in c.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        if f"{APP}-log-signer-key" in secrets | envs:
+            mounting.append(obj["metadata"]["name"])
+    assert mounting == [f"{APP}-log-signer"]
+    signer = one(name, "Deployment", f"{APP}-log-signer")
+    assert signer["spec"]["replicas"] == 1 and signer["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = signer["spec"]["template"]["spec"]["containers"]
+    assert (
+        container["args"][0] == "log-signer"
+        and "--key=/etc/effect-ledger/log-signer/key" in container["args"]
+    )
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["log-signer-key"]["readOnly"] is True
+    volumes = {v["name"]: v for v in signer["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["log-signer-key"]["secret"]["defaultMode"] == 0o400
+    state = volumes["log-signer-state"]["persistentVolumeClaim"]["claimName"]
+    one(name, "PersistentVolumeClaim", state)  # the state outlives the pod, outside the database
+    assert config_map(name)["data"]["EFFECT_LEDGER_LOG_SIGNER_URL"] == f"http://{APP}-log-signer:7380"
+
+
 # --- network ---------------------------------------------------------------------------------
 
 
@@ -314,12 +351,37 @@ def _ports(rule: Obj) -> set[tuple[str, int]]:
 @builds
 def test_egress_allows_only_postgres_and_dns(name: str) -> None:
     policies = [p for p in of_kind(name, "NetworkPolicy") if "Egress" in p["spec"]["policyTypes"]]
-    assert {p["metadata"]["name"] for p in policies} == {f"{APP}-server", f"{APP}-batch"}
+    assert {p["metadata"]["name"] for p in policies} == {f"{APP}-server", f"{APP}-batch", f"{APP}-log-signer"}
+    signer = one(name, "NetworkPolicy", f"{APP}-log-signer")
+    assert "egress" not in signer["spec"]  # the signer (holding the key) reaches nothing at all
+    assert signer["spec"]["ingress"] == [
+        {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchLabels": {
+                            "app.kubernetes.io/name": APP,
+                            "app.kubernetes.io/component": "server",
+                        }
+                    }
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": 7380}],
+        }
+    ]
+    policies.remove(signer)
     for policy in policies:
         rules = policy["spec"]["egress"]
         for rule in rules:
             assert rule["to"] and rule["ports"], "an egress rule without `to` or `ports` allows too much"
-        assert set().union(*(_ports(r) for r in rules)) == ALLOWED_EGRESS
+        allowed = ALLOWED_EGRESS | (
+            {("TCP", 7380)} if policy["metadata"]["name"] == f"{APP}-server" else set()
+        )
+        assert set().union(*(_ports(r) for r in rules)) == allowed
+        if ("TCP", 7380) in allowed:
+            (signer_rule,) = [r for r in rules if _ports(r) == {("TCP", 7380)}]
+            labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": "log-signer"}
+            assert signer_rule["to"] == [{"podSelector": {"matchLabels": labels}}]
         (db_rule,) = [r for r in rules if _ports(r) == {("TCP", 5432)}]
         assert db_rule["to"] == [{"podSelector": {"matchLabels": DB_POD_LABELS[name]}}]
         (dns_rule,) = [r for r in rules if _ports(r) == {("UDP", 53), ("TCP", 53)}]

@@ -45,6 +45,7 @@ CONFIG_KEYS = {
     "EFFECT_LEDGER_SHUTDOWN_TIMEOUT_SECONDS",
     "EFFECT_LEDGER_LOG_LEVEL",
     "EFFECT_LEDGER_BACKGROUND_SWEEP",
+    "EFFECT_LEDGER_LOG_SIGNER_URL",
 }
 
 builds = pytest.mark.parametrize("name", BUILDS)
@@ -108,6 +109,10 @@ def test_config_map_settings(name: str) -> None:
         spec = template["spec"]
         (container,) = spec["containers"]
         assert container["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}]
+        if obj["metadata"]["labels"].get("app.kubernetes.io/component") == "log-signer":
+            # the signer verifies no tokens: it mounts its own key only (tests/static/test_k8s.py)
+            assert {v["name"] for v in spec["volumes"]} == {"tmp", "log-signer-key", "log-signer-state"}
+            continue
         # The key file path lies in a read-only mount of a Secret that projects that file.
         key_path = data["EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE"]
         mount = next(m for m in container["volumeMounts"] if key_path.startswith(m["mountPath"] + "/"))

@@ -106,6 +106,7 @@ class OperationView(Struct, kw_only=True):
     purged: bool = False  # a tombstone (API.md 9a): the receipt body is gone, its digest remains
     receipt_digest: str | None = None
     position: str | None = None  # on receipts-feed items: pass the last one back as `after`
+    log_index: int | None = None  # on reads: the receipt's leaf in the tenant's log (API.md 14)
 
 
 class ClaimGrant(Struct, kw_only=True):

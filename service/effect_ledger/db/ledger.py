@@ -120,6 +120,8 @@ def row_to_operation(row: Mapping[str, Any]) -> Operation:
         last_hash=row["chain_hash"],
         now=row["db_now"],
         receipt_digest=row.get("receipt_digest"),
+        log_index=row.get("log_index"),
+        shows_log_index="log_index" in row.keys(),
     )
 
 

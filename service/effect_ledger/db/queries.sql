@@ -45,7 +45,11 @@ FROM ledger.sweep($1, $2) AS c;
 
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
-SELECT o.*, clock_timestamp() AS db_now
+-- log_index: its leaf in the tenant's receipts log once a signed checkpoint covers it (API.md 14).
+SELECT o.*, clock_timestamp() AS db_now,
+       CASE WHEN o.status = 'committed' AND o.feed_position <= (
+           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
+       THEN o.feed_position - 1 END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
@@ -506,3 +510,156 @@ WHERE tenant_id = $1 AND session_id IN (
     WHERE tenant_id = $1 AND session_id = ANY($2::text[])
       AND updated_at < clock_timestamp() - make_interval(days => $3)
     FOR UPDATE SKIP LOCKED);
+
+-- ---------------------------------------------------------------------------------------------
+-- The verifiable receipts log (migration 0010, API.md section 14, docs/verifiable-log.md). The
+-- integrator and checkpointer run as the owner, off the executor path; the runtime role only reads.
+
+-- name: log_tenants_to_integrate
+-- Tenants with committed receipts not yet in their log: unpositioned ones (partial index
+-- operations_unpositioned), or positions beyond the log's size; across tenants (maintenance scope).
+SELECT tenant_id FROM (
+    SELECT DISTINCT o.tenant_id FROM ledger.operations AS o
+    WHERE o.status = 'committed' AND o.feed_position IS NULL
+    UNION
+    SELECT c.tenant_id FROM ledger.feed_counters AS c
+    LEFT JOIN ledger.log_state AS s ON s.tenant_id = c.tenant_id
+    WHERE c.last_position > COALESCE(s.size, 0)
+) AS t
+LIMIT $1;
+
+-- name: log_open
+-- The tenant's log state row, created empty the first time (a concurrent creator wins silently).
+INSERT INTO ledger.log_state (tenant_id, size, root, integrated_at)
+VALUES ($1, 0, sha256(''::bytea), clock_timestamp())
+ON CONFLICT (tenant_id) DO NOTHING;
+
+-- name: log_lock
+-- One writer per tenant: lock its log state row, or get nothing when another writer holds it.
+SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOCKED;
+
+-- name: log_batch
+-- The next committed receipts in feed order after the log's size (index operations_feed); a
+-- tombstone keeps its position and its receipt digest, so its leaf is built all the same.
+SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
+       o.receipt_digest, o.chain_hash, o.resolved_at, o.feed_position
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position > $2
+ORDER BY o.feed_position
+LIMIT $3;
+
+-- name: log_tiles_get
+-- Tiles (and entry bundles, level -1) of the tenant by (level, index).
+SELECT t.level, t.idx, t.width, t.data
+FROM ledger.log_tiles AS t
+JOIN unnest($2::smallint[], $3::bigint[]) AS k(level, idx) ON t.level = k.level AND t.idx = k.idx
+WHERE t.tenant_id = $1;
+
+-- name: log_tile_put
+-- Write one tile or bundle; a full one (width 256) is never written again.
+INSERT INTO ledger.log_tiles (tenant_id, level, idx, width, data) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant_id, level, idx) DO UPDATE SET width = EXCLUDED.width, data = EXCLUDED.data
+WHERE ledger.log_tiles.width < 256;
+
+-- name: log_advance
+-- Move the integrated tree to its new size and root (under log_lock).
+UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = clock_timestamp() WHERE tenant_id = $1;
+
+-- name: log_states
+-- Every tenant's integrated tree and its last checkpoint (maintenance scope), for the checkpointer.
+SELECT tenant_id, size, root, signed_size, signed_at FROM ledger.log_state;
+
+-- name: log_checkpoint_put
+-- Keep a checkpoint the signer signed (a repeat of the same size changes nothing).
+INSERT INTO ledger.log_checkpoints (tenant_id, size, root, note, signed_at)
+VALUES ($1, $2, $3, $4, clock_timestamp())
+ON CONFLICT (tenant_id, size) DO NOTHING;
+
+-- name: log_signed
+-- The tenant's latest checkpoint, noted on its log state row (under log_lock).
+UPDATE ledger.log_state SET signed_size = $2, signed_at = clock_timestamp()
+WHERE tenant_id = $1 AND (signed_size IS NULL OR signed_size < $2);
+
+-- name: log_cosignatures_put
+-- The witness cosignature lines collected for a checkpoint.
+UPDATE ledger.log_checkpoints SET cosignatures = $3 WHERE tenant_id = $1 AND size = $2;
+
+-- name: log_latest_checkpoint
+-- The tenant's latest signed checkpoint.
+SELECT size, root, note, cosignatures, signed_at
+FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
+
+-- name: log_position
+-- A committed operation's feed position (its leaf index + 1), or no row.
+SELECT feed_position FROM ledger.operations
+WHERE tenant_id = $1 AND operation_id = $2 AND status = 'committed';
+
+-- name: log_decision_put
+-- An operator's recorded decision about a log behind the signer (log-recover).
+INSERT INTO ledger.log_decisions (tenant_id, decided_at, kind, signed_size, db_size, reason)
+VALUES ($1, clock_timestamp(), $2, $3, $4, $5);
+
+-- name: log_decisions_all
+-- Every recorded decision (maintenance scope): the last one per tenant says which loss was accepted.
+SELECT tenant_id, kind, signed_size, db_size, decided_at FROM ledger.log_decisions ORDER BY decided_at;
+
+-- name: log_restore_tombstone
+-- log-recover: re-create a committed tombstone for a logged receipt the database lost; an ID that
+-- exists again is left alone. Its chain starts at the logged chain head.
+INSERT INTO ledger.operations (
+    tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+    claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
+    chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest, feed_position)
+VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8, 'log-recover',
+        0, $9, clock_timestamp(), 0, $9, $10, $11)
+ON CONFLICT (tenant_id, operation_id) DO NOTHING
+RETURNING operation_id;
+
+-- name: log_receipts_of
+-- The current receipt facts of some operations, to check new leaves against before signing.
+SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
+       o.receipt_digest, o.chain_hash, o.resolved_at
+FROM ledger.operations AS o
+WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[]) AND o.status = 'committed';
+
+-- name: log_positioned_between
+-- Committed operations holding feed positions in ($2, $3]: log-recover compares them with the mirror.
+SELECT operation_id, feed_position FROM ledger.operations
+WHERE tenant_id = $1 AND status = 'committed' AND feed_position > $2 AND feed_position <= $3;
+
+-- name: log_unposition
+-- log-recover: free a feed position the mirror gives to another receipt (re-sequenced after it).
+UPDATE ledger.operations SET feed_position = NULL WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_operation_state
+-- log-recover: what the database has of an operation the mirror says was committed and logged.
+SELECT status, feed_position FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_position_set
+-- log-recover: put a committed operation at the feed position the signed log gave it.
+UPDATE ledger.operations SET feed_position = $3 WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_make_tombstone
+-- log-recover: an operation the database has as not committed, whose commit the signed log proves:
+-- it becomes the committed tombstone of that commit (its receipt digest kept), never executable again.
+UPDATE ledger.operations
+SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
+    receipt_digest = $3, feed_position = $4, resolved_at = $5, resolved_by = 'log-recover',
+    updated_at = clock_timestamp(), purged_at = clock_timestamp(), purged_seq = chain_seq,
+    purged_hash = chain_hash
+WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: log_feed_catch_up
+-- log-recover: the feed counter at least at the recovered log's size.
+INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, $2)
+ON CONFLICT (tenant_id) DO UPDATE SET last_position = GREATEST(ledger.feed_counters.last_position, $2);
+
+-- name: log_batch_chains
+-- The operations of an integration batch with their events in (operation_id, seq) order: each chain
+-- is recomputed, and each receipt compared with the event that recorded it, before it is logged.
+SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
+       e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+FROM ledger.operations AS o
+LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[])
+ORDER BY o.operation_id, e.seq;

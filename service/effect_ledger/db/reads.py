@@ -150,6 +150,11 @@ def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
     return {**event_view(row), "operation_id": row["operation_id"]}
 
 
+def chain_verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
+    """One operation's chain recomputed from its operation_chain rows (also used by the receipts log)."""
+    return _verdict(rows)
+
+
 def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     events = [_hashed(r) for r in rows if r["seq"] is not None]
     head = rows[0]

@@ -25,6 +25,7 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "revision_conflict": (409, "Revision conflict"),
     "invalid_history": (422, "Invalid history"),
     "unsupported_schema": (422, "Unsupported schema"),
+    "not_yet_logged": (409, "Not yet logged"),
     "rate_limited": (429, "Rate limited"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Service unavailable"),

@@ -69,6 +69,10 @@ class Operation:
     last_hash: str
     now: datetime = field(compare=False)
     receipt_digest: str | None = None  # kept by a purge when it dropped the receipt body
+    # Reads (GET /v1/operations/{id}) look the receipt up in the tenant's log (API.md section 14):
+    # the view then carries `log_index`, the leaf index, or null while no checkpoint covers it.
+    log_index: int | None = None
+    shows_log_index: bool = False
 
     @property
     def purged(self) -> bool:
@@ -136,6 +140,8 @@ def operation_view(op: Operation) -> dict[str, Any]:
     if op.purged:
         view["purged"] = True
         view["receipt_digest"] = op.receipt_digest
+    if op.shows_log_index:
+        view["log_index"] = op.log_index
     return view
 
 

@@ -14,6 +14,7 @@ from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
+from effect_ledger.db.receipt_log import LogGuard, background_log
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.console import (
@@ -36,11 +37,13 @@ from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
 from effect_ledger.http.ratelimit import RateLimiter
+from effect_ledger.http.receipt_log import LogController
 from effect_ledger.http.reconciler import ReconcilerController
 from effect_ledger.http.recovery import RecoveryController
 from effect_ledger.http.telemetry import LedgerTelemetry, RequestTelemetry
 from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
+from effect_ledger.signer import signer_from_settings
 
 ROUTES: list[Any] = [
     ExecutorController,
@@ -50,6 +53,7 @@ ROUTES: list[Any] = [
     DiagnosticsController,
     ReconcilerController,
     AuditController,
+    LogController,
     JournalController,
     metrics_endpoint,
     *CONSOLE_ROUTES,
@@ -61,6 +65,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     configure_logging(settings.log_level, settings.log_format)
     verifier = TokenVerifier(settings, jwt_secret)
     metrics = Metrics()
+    log_guard = LogGuard()
     tracing.configure_from_env()  # off unless the OTEL_* variables ask for traces
 
     @asynccontextmanager
@@ -90,6 +95,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
             lifespan,
             incident_spool,
             lambda _: background_maintenance(settings, metrics),
+            lambda _: background_log(settings, log_guard, metrics.log_refused),
             lambda _: watch_backlog(settings, metrics.observe_backlog),
         ],
         request_max_body_size=settings.max_body_bytes,
@@ -115,6 +121,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))
     app.state.migration_head = head_revision()
     app.state.settings = settings
+    app.state.log_guard = log_guard
+    app.state.log_signer = signer_from_settings(settings) if settings.log_enabled else None
     return app
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from litestar import Request
 
 from effect_ledger.db.ledger import Ledger
+from effect_ledger.domain.errors import DatabaseUnavailable
 from effect_ledger.http.auth import EXECUTE, Caller, authenticate
 
 
@@ -19,6 +20,21 @@ def ledger_of(request: Request[Any, Any, Any]) -> Ledger:
     """The process's ledger over the runtime pool (executors)."""
     ledger: Ledger = request.app.state.ledger
     return ledger
+
+
+def writing_ledger_of(request: Request[Any, Any, Any]) -> Ledger:
+    """The ledger for executor writes (claim, submit, heartbeat, complete): refused with 503 and an
+    incident while the database's receipts log is behind what the signer signed (API.md section 14:
+    a restored backup never silently reopens an ID)."""
+    refuse_while_log_behind(request)
+    return ledger_of(request)
+
+
+def refuse_while_log_behind(request: Request[Any, Any, Any]) -> None:
+    """503 (with an incident) while the receipts log is behind the signer; every write checks it."""
+    guard = getattr(request.app.state, "log_guard", None)
+    if guard is not None and guard.blocked:
+        raise DatabaseUnavailable("log_behind_signer", "LogBehindSigner")
 
 
 def audit_ledger_of(request: Request[Any, Any, Any]) -> Ledger:

@@ -16,7 +16,7 @@ from effect_ledger.domain.model import Binding, Operation, operation_view
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.domain.transitions import Report, hidden_from
 from effect_ledger.http.auth import AUDIT, EXECUTE, RECONCILE, Caller, requires
-from effect_ledger.http.context import caller_of, ledger_of, reading_ledger_of
+from effect_ledger.http.context import caller_of, reading_ledger_of, writing_ledger_of
 from effect_ledger.http.diagnostics import outcome_incident
 from effect_ledger.http.schemas import (
     ClaimBody,
@@ -158,21 +158,23 @@ class ExecutorController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ClaimBody]
     ) -> Response[Any]:
         """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
-        return respond(await run_claim(ledger_of(request), caller_of(request), operation_id, data))
+        return respond(await run_claim(writing_ledger_of(request), caller_of(request), operation_id, data))
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
     async def submit(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
-        return respond(await run_submit(ledger_of(request), caller_of(request), operation_id, data))
+        return respond(await run_submit(writing_ledger_of(request), caller_of(request), operation_id, data))
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[HeartbeatBody]
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
-        return respond(await run_heartbeat(ledger_of(request), caller_of(request), operation_id, data))
+        return respond(
+            await run_heartbeat(writing_ledger_of(request), caller_of(request), operation_id, data)
+        )
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
     async def complete(
@@ -180,7 +182,7 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Record committed, not_applied or unknown (a late report from unknown too); complete(unknown)'s
         diagnostics are stored with the transition, and the answer names their incident."""
-        return respond(await run_complete(ledger_of(request), caller_of(request), operation_id, data))
+        return respond(await run_complete(writing_ledger_of(request), caller_of(request), operation_id, data))
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:

@@ -132,6 +132,9 @@ class ExecutorFastPath:
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
         chunks, more = await self._read(scope, receive)
         data = None if more else self._decode(chunks, route)
+        guard = getattr(state, "log_guard", None)
+        if guard is not None and guard.blocked:
+            data = None  # the receipts log is behind the signer: Litestar's 503 (with its incident) answers
         if data is None:  # not the plain case: Litestar answers it, exactly as before
             await self.app(scope, _replaying(chunks, more, receive), send)
             return

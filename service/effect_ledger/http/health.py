@@ -23,6 +23,10 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     start-up (`primary_switches`, `switched_at`) and, during an outage, since when (`lost_at`)."""
     watcher = getattr(request.app.state.pools, "server", None)
     ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head, watcher)
+    guard = getattr(request.app.state, "log_guard", None)
+    if guard is not None and guard.blocked:  # API.md section 14: a restored backup stops writes
+        ok = False
+        checks = {**checks, "log": "log_behind_signer"}
     return Response(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
     )

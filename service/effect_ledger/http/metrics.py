@@ -110,6 +110,13 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.claims = Counter("effect_ledger_claims", "Claims answered, by result.", ["result"], registry=r)
+        self.log_refusals = Counter(
+            "effect_ledger_log_refusals",
+            "Checkpoints of the receipts log not signed, by reason (a rewrite of logged history, a log"
+            " behind the signer, the signer's refusal).",
+            ["reason"],
+            registry=r,
+        )
         self.transitions = Counter(
             "effect_ledger_transitions",
             "Status changes recorded, by from and to status.",
@@ -314,6 +321,10 @@ class Metrics:
         for admission in self._admissions.values():
             admission.on_shed = self.count_shed
         self.refresh_pools()
+
+    def log_refused(self, reason: str, tenant: str) -> None:
+        """A checkpoint the receipts log did not sign (the tenant goes to the log line, not a label)."""
+        self.log_refusals.labels(reason=reason).inc()
 
     def observe_backlog(self, backlog: Any) -> None:
         """The backlog read by db.maintenance.watch_backlog."""

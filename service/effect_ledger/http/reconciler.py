@@ -16,7 +16,7 @@ from effect_ledger.domain.model import STATUSES, Operation, operation_view
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 from effect_ledger.domain.transitions import Report
 from effect_ledger.http.auth import AUDIT, RECONCILE, Caller, requires
-from effect_ledger.http.context import audit_ledger_of, caller_of
+from effect_ledger.http.context import audit_ledger_of, caller_of, refuse_while_log_behind
 from effect_ledger.http.executor import view_response
 from effect_ledger.http.paging import QueryProblems, encode_cursor
 from effect_ledger.http.schemas import (
@@ -121,5 +121,6 @@ class ReconcilerController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ResolveBody]
     ) -> Response[Any]:
         """Settle an unknown operation as committed or not_applied, or record an unresolved look-up."""
+        refuse_while_log_behind(request)
         op = await resolve_operation(audit_ledger_of(request), caller_of(request), operation_id, data)
         return view_response(op)

@@ -30,7 +30,7 @@ from effect_ledger.http.console.session import (
     sign_in,
     sign_out,
 )
-from effect_ledger.http.context import audit_ledger_of
+from effect_ledger.http.context import audit_ledger_of, refuse_while_log_behind
 from effect_ledger.http.reconciler import resolve_operation
 
 _FORM_STATUS = {
@@ -167,6 +167,7 @@ class ConsoleActions(Controller):
         form = await checked_form(request, session)
         try:
             body = resolve_body(form)
+            refuse_while_log_behind(request)
             op = await resolve_operation(audit_ledger_of(request), session.caller, operation_id, body)
         except LedgerError as error:
             if error.code not in _FORM_STATUS:

@@ -14,10 +14,12 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from effect_ledger.db import ledger as repo
-from effect_ledger.db import reads
+from effect_ledger.db import reads, receipt_log
 from effect_ledger.domain.diagnostics import INCIDENT_ID
 from effect_ledger.domain.errors import LedgerError, not_found
 from effect_ledger.domain.model import STATUSES, UNKNOWN, Operation, operation_view
+from effect_ledger.domain.note import b64
+from effect_ledger.domain.receipt_log import ProofInvalid, origin_of, verify_proof
 from effect_ledger.http.audit import ACCESS_CURSOR
 from effect_ledger.http.auth import AUDIT, DIAG_READ, EXECUTE, JOURNAL_READ, RECONCILE
 from effect_ledger.http.console.access import holds, signed_in
@@ -88,6 +90,55 @@ async def operation_context(
     return op, events, chain
 
 
+async def log_facts(
+    request: Request[Any, Any, Any], session: ConsoleSession, op: Operation
+) -> dict[str, Any] | None:
+    """The operation's place in the receipts log (API.md section 14), for holders of ledger:audit: its
+    leaf index and whether its proof verifies against the current checkpoint, checked here with the
+    same offline verifier as effect-ledger-verify (None: not shown)."""
+    signer = request.app.state.log_signer
+    if not holds(session, AUDIT) or signer is None or op.status != "committed":
+        return None
+    settings = request.app.state.settings
+    tenant = session.caller.tenant
+    try:
+        text = await receipt_log.proof_of(ledger_of(request), tenant, op.operation_id, 1)
+    except LedgerError as error:
+        if error.code == "not_yet_logged":
+            return {"index": None, "state": "pending", "detail": "not yet in a signed checkpoint"}
+        raise
+    except receipt_log.LogTampered:
+        return {"index": None, "state": "bad", "detail": "the stored entry no longer matches the log"}
+    vkey = await signer.vkey(origin_of(settings.log_origin, tenant))
+    witnesses = [w.vkey for w in receipt_log.witness_config(settings).items]
+    try:
+        verified = verify_proof(
+            text, vkey, witnesses, receipt_log.witness_config(settings).quorum, op.receipt
+        )
+    except ProofInvalid as invalid:
+        return {"index": None, "state": "bad", "detail": str(invalid)}
+    return {"index": verified.index, "size": verified.size, "state": "ok", "detail": verified.line}
+
+
+async def log_overview(request: Request[Any, Any, Any], session: ConsoleSession) -> dict[str, Any] | None:
+    """The tenant's latest checkpoint, its size and the witnesses that cosigned it (ledger:audit)."""
+    if not holds(session, AUDIT) or request.app.state.log_signer is None:
+        return None
+    settings = request.app.state.settings
+    latest = await receipt_log.latest_checkpoint(ledger_of(request), session.caller.tenant)
+    config = receipt_log.witness_config(settings)
+    cosigned = [w.name for w in config.items if latest is not None and f"\u2014 {w.name} " in latest.note]
+    return {
+        "origin": origin_of(settings.log_origin, session.caller.tenant),
+        "size": None if latest is None else latest.size,
+        "root": None if latest is None else b64(latest.root),
+        "note": None if latest is None else latest.note,
+        "witnesses": [w.name for w in config.items],
+        "cosigned": cosigned,
+        "quorum": config.quorum,
+    }
+
+
 async def filtered_list(
     request: Request[Any, Any, Any],
     session: ConsoleSession,
@@ -155,7 +206,9 @@ class ConsolePages(Controller):
     async def overview(self, request: Request[Any, Any, Any]) -> Template:
         """Who is signed in, what the token allows, and where to go."""
         session = signed_in(request)
-        return page(request, "overview.html", session, title="Overview")
+        return page(
+            request, "overview.html", session, title="Overview", log=await log_overview(request, session)
+        )
 
     @get("/unknown")
     async def unknown_queue(
@@ -242,7 +295,10 @@ class ConsolePages(Controller):
             "recorded": "Your resolution was recorded.",
             "unresolved": "Your look-up was recorded; the operation stays unknown.",
         }.get(resolved or "")
-        return operation_page(request, session, op, events, chain, notice=notice, form={}, problems=[])
+        logged = await log_facts(request, session, op)
+        return operation_page(
+            request, session, op, events, chain, notice=notice, form={}, problems=[], logged=logged
+        )
 
     @get("/receipts")
     async def receipts(

@@ -1,0 +1,813 @@
+"""The verifiable receipts log in PostgreSQL (API.md section 14, docs/verifiable-log.md).
+
+- The **integrator** appends each tenant's committed receipts, in feed order, to the tenant's tree:
+  leaf data into entry bundles, leaf hashes into level-0 tiles, full tiles hashed into the level
+  above. One writer per tenant (the log_state row, locked SKIP LOCKED); as the owner, off the
+  executor path: claim/submit/complete/resolve do not change.
+- The **checkpointer** asks the signer to sign each tenant's grown tree, at most every
+  LOG_CHECKPOINT_SECONDS, handing it the consistency proof (computed from tiles) from the size the
+  signer last signed. Before that it re-checks what it can see: the root recomputed from the tiles
+  is the integrated root, the new entries hash to the new level-0 tile hashes and their receipt
+  digests are the operations' own. Any failure (or the signer's refusal) is a counted, logged refusal;
+  the last good checkpoint keeps being served.
+- **Rollback**: a tenant whose log is smaller than what the signer signed puts the guard in the
+  `log_behind_signer` state: executor writes answer 503 until `effect-ledger log-recover`.
+- The **reads** (tiles, checkpoint, proofs) run on the runtime pool, bound to the caller's tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import structlog
+
+from effect_ledger.db.catalogue import sql
+from effect_ledger.db.ledger import Ledger
+from effect_ledger.db.maintenance import owner_connection
+from effect_ledger.db.pools import tenant_tx
+from effect_ledger.db.reads import chain_verdict
+from effect_ledger.domain import merkle, tiles
+from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
+from effect_ledger.domain.merkle import NodeReader, leaf_hash
+from effect_ledger.domain.model import receipt_digest
+from effect_ledger.domain.note import NoteError, note_signed_by, parse_note, parse_vkey
+from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
+from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
+from effect_ledger.domain.transitions import RECEIPT_CONTENT
+from effect_ledger.domain.witness import add_checkpoint_body
+from effect_ledger.settings import Settings
+from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_settings
+
+log = structlog.get_logger("effect_ledger.receipt_log")
+
+FEED_BATCH = 1000
+AUDIT_BUNDLES = 4  # bundles of the already signed log re-checked per checkpoint attempt, round robin
+IDLE_AUDIT_HORIZON = 3600  # seconds after its last checkpoint during which an idle log is still audited
+
+
+@dataclass
+class LogGuard:
+    """What the log knows that the executor path must honour: tenants whose database log is behind
+    what the signer signed (a restored backup). While any is, executor writes are refused."""
+
+    behind: dict[str, tuple[int, int]] = field(default_factory=dict)  # tenant -> (db size, signed size)
+    checked: bool = False
+    tainted: dict[str, str] = field(default_factory=dict)  # tenant -> the refusal that stops its signing
+    audit_cursor: dict[str, int] = field(default_factory=dict)  # tenant -> next leaf the audit checks
+    audited_at: dict[str, float] = field(default_factory=dict)  # tenant -> last idle audit (epoch s)
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.behind)
+
+
+Refuse = Callable[[str, str], None]  # (reason, tenant)
+
+
+def _no_refusal(reason: str, tenant: str) -> None:
+    return
+
+
+# ---- tiles in the database --------------------------------------------------------------------
+
+
+async def _fetch_tiles(conn: asyncpg.Connection, tenant: str, keys: set[TileKey]) -> dict[TileKey, bytes]:
+    if not keys:
+        return {}
+    ordered = sorted(keys)
+    rows = await conn.fetch(sql("log_tiles_get"), tenant, [k[0] for k in ordered], [k[1] for k in ordered])
+    return {(r["level"], r["idx"]): bytes(r["data"]) for r in rows}
+
+
+async def _computed(
+    conn: asyncpg.Connection,
+    tenant: str,
+    compute: Callable[[NodeReader], Any],
+    have: Mapping[TileKey, bytes] = {},
+) -> Any:
+    """Run a proof or root computation over tiles: a dry run learns which subtree nodes it needs,
+    one query fetches their tiles (those not already at hand), the real run reads them."""
+    needed: list[tuple[int, int]] = []
+
+    def record(nodes: Sequence[tuple[int, int]]) -> list[bytes]:
+        needed.extend(nodes)
+        return [bytes(32)] * len(nodes)
+
+    compute(record)
+    keys = tiles.node_tiles(needed) - set(have)
+    got = {**have, **(await _fetch_tiles(conn, tenant, keys))}
+    return compute(lambda nodes: tiles.read_nodes(nodes, got))
+
+
+def _facts(tenant: str, row: Mapping[str, Any]) -> LeafFacts:
+    digest = receipt_digest(row["receipt"]) if row["receipt"] is not None else row["receipt_digest"]
+    return LeafFacts(
+        tenant=tenant,
+        operation_id=row["operation_id"],
+        principal=row["principal"],
+        tool=row["tool"],
+        tool_version=row["tool_version"],
+        intent_digest=row["intent_digest"],
+        attempt=row["attempt"],
+        receipt_digest=digest or "",
+        chain_hash=row["chain_hash"],
+        committed_at=row["resolved_at"],
+    )
+
+
+# ---- integrator -------------------------------------------------------------------------------
+
+
+async def append_leaves(
+    conn: asyncpg.Connection, tenant: str, size: int, data: Sequence[bytes]
+) -> tuple[int, bytes]:
+    """Append leaf data to the tenant's tiles and bundles (inside the caller's locked transaction);
+    answers the new size and root. Used by the integrator and by log-recover."""
+    hashes = [leaf_hash(d) for d in data]
+    edge_refs = tiles.edge(size)
+    bundle_key = (ENTRIES, size // TILE_WIDTH)
+    have = await _fetch_tiles(conn, tenant, {(r.level, r.index) for r in edge_refs} | {bundle_key})
+    edge_map = {r.level: have.get((r.level, r.index), b"")[: r.width * 32] for r in edge_refs}
+    changed = tiles.append(size, edge_map, hashes)
+    entries = tiles.decode_bundle(have.get(bundle_key, b""))[: size % TILE_WIDTH]
+    index = size
+    for item in data:
+        entries.append(item)
+        index += 1
+        if len(entries) == TILE_WIDTH or index == size + len(data):
+            changed[(ENTRIES, (index - 1) // TILE_WIDTH)] = tiles.encode_bundle(entries)
+            if len(entries) == TILE_WIDTH:
+                entries = []
+    new_size = size + len(data)
+    root = await _computed(conn, tenant, lambda read: merkle.tree_root(new_size, read), changed)
+    rows = []
+    for (level, idx), blob in sorted(changed.items()):
+        width = len(tiles.decode_bundle(blob)) if level == ENTRIES else len(blob) // 32
+        rows.append((tenant, level, idx, width, blob))
+    await conn.executemany(sql("log_tile_put"), rows)
+    await conn.execute(sql("log_advance"), tenant, new_size, root)
+    return new_size, root
+
+
+async def _intact_receipts(
+    conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
+) -> set[str]:
+    """The operations of a batch whose hash chain recomputes and whose stored receipt is the one
+    the chain recorded (the committing event's receipt, by its actor). A tombstone has no events
+    left to compare: its kept digest is taken as it is."""
+    ids = [r["operation_id"] for r in rows]
+    if not ids:
+        return set()
+    chains: dict[str, list[Mapping[str, Any]]] = {}
+    for row in await conn.fetch(sql("log_batch_chains"), tenant, ids):
+        chains.setdefault(row["operation_id"], []).append(row)
+    intact = set()
+    for row in rows:
+        chain = chains.get(row["operation_id"], [])
+        if row["receipt"] is None:
+            intact.add(row["operation_id"])
+            continue
+        if not chain or not chain_verdict(chain).ok:
+            continue
+        events = [e for e in chain if e["seq"] is not None and e["to_status"] == "committed"]
+        if not events:
+            continue
+        recorded = (events[-1]["data"] or {}).get("receipt") or {}
+        stored = row["receipt"]
+        if (
+            all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
+            and stored.get("recorded_by") == events[-1]["actor"]
+        ):
+            intact.add(row["operation_id"])
+    return intact
+
+
+async def integrate_tenant(
+    conn: asyncpg.Connection, tenant: str, batch_size: int, refuse: Refuse = _no_refusal
+) -> int:
+    """Position the tenant's new receipts on the feed, then append the next batch to its log; answers
+    how many leaves were appended (0 when another integrator holds the tenant)."""
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        last = await conn.fetchval(sql("feed_lock"), tenant)
+        await conn.fetchval(sql("feed_assign"), tenant, last, FEED_BATCH)
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_open"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            return 0
+        size = int(state["size"])
+        rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
+        intact = await _intact_receipts(conn, tenant, rows)
+        data = []
+        for k, row in enumerate(rows):
+            if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else
+                log.warning("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
+                break
+            if row["operation_id"] not in intact:  # edited before it was logged: it never enters the log
+                refuse("receipt_mismatch", tenant)
+                log.error(
+                    "log_receipt_refused", tenant=tenant, operation_id=row["operation_id"], index=size + k
+                )
+                break
+            data.append(leaf_data(_facts(tenant, row), size + k, os.urandom(32)))
+        if not data:
+            return 0
+        await append_leaves(conn, tenant, size, data)
+    return len(data)
+
+
+async def integrate(
+    conn: asyncpg.Connection, batch_size: int, guard: LogGuard, refuse: Refuse = _no_refusal
+) -> int:
+    """One integration pass over every tenant with receipts to log (tenants behind the signer wait
+    for log-recover: their positions would collide with signed leaves)."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        tenants = [r["tenant_id"] for r in await conn.fetch(sql("log_tenants_to_integrate"), 1000)]
+        await conn.fetchval(sql("maintenance_scope"), "off")
+    total = 0
+    for tenant in tenants:
+        if tenant in guard.behind:
+            continue
+        total += await integrate_tenant(conn, tenant, batch_size, refuse)
+    return total
+
+
+# ---- checkpointer -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    origin_prefix: str
+    checkpoint_seconds: int
+
+
+async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, new: int) -> str | None:
+    """The entries appended since the signed size must hash to the level-0 tile hashes, and each
+    leaf's receipt digest must still be its operation's; the first failure's reason, else None."""
+    first, last = old // TILE_WIDTH, (new - 1) // TILE_WIDTH
+    keys = {(lvl, n) for n in range(first, last + 1) for lvl in (ENTRIES, 0)}
+    got = await _fetch_tiles(conn, tenant, keys)
+
+    leaves: list[dict[str, Any]] = []
+    for n in range(first, last + 1):
+        try:
+            entries = tiles.decode_bundle(got.get((ENTRIES, n), b""))
+        except ValueError:
+            return "entry_mismatch"
+        hashes = got.get((0, n), b"")
+        for i, entry in enumerate(entries):
+            index = n * TILE_WIDTH + i
+            if not old <= index < new:
+                continue
+            if hashes[i * 32 : i * 32 + 32] != leaf_hash(entry):
+                return "entry_mismatch"
+            try:
+                leaves.append(json.loads(entry))
+            except ValueError:
+                return "entry_mismatch"
+    if len(leaves) != new - old:
+        return "entry_mismatch"
+    ids = [str(leaf.get("operation_id")) for leaf in leaves]
+    rows = await conn.fetch(sql("log_receipts_of"), tenant, ids)
+    current = {r["operation_id"]: r for r in rows}
+    for leaf in leaves:
+        row = current.get(leaf.get("operation_id"))
+        if row is None:
+            continue  # expired tombstone: nothing left to compare
+        if (
+            leaf.get("receipt_digest") != _facts(tenant, row).receipt_digest
+            or leaf.get("chain_hash") != row["chain_hash"]
+        ):
+            return "receipt_mismatch"
+    return None
+
+
+async def checkpoint_tenant(
+    conn: asyncpg.Connection,
+    tenant: str,
+    signer: LogSigner,
+    config: LogConfig,
+    signed: Signed | None,
+    refuse: Refuse,
+    guard: LogGuard | None = None,
+) -> int | None:
+    """Ask the signer to sign the tenant's integrated tree; answers the signed size, or None.
+
+    Checked first: the root from the tiles is the integrated root; the new entries (and, round
+    robin, AUDIT_BUNDLES bundles of the signed part) hash to their level-0 tile hashes and carry
+    their operations' receipt digests. A mismatch found once keeps the tenant unsigned (until the
+    process restarts and its audit finds the data repaired)."""
+    guard = guard or LogGuard()
+    origin = origin_of(config.origin_prefix, tenant)
+    old = signed or Signed(0, merkle.EMPTY_ROOT)
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            return None
+        size, root = int(state["size"]), bytes(state["root"])
+        if size <= old.size:
+            return None
+        reason = guard.tainted.get(tenant)
+        computed = await _computed(conn, tenant, lambda read: merkle.tree_root(size, read))
+        if reason is None and computed != root:
+            reason = "root_mismatch"
+        if reason is None:
+            reason = await _check_new_entries(conn, tenant, old.size, size)
+        if reason is None and old.size > 0:
+            start = guard.audit_cursor.get(tenant, 0)
+            start = 0 if start >= old.size else start
+            end = min(old.size, start + AUDIT_BUNDLES * TILE_WIDTH)
+            reason = await _check_new_entries(conn, tenant, start, end)
+            guard.audit_cursor[tenant] = end
+        if reason is not None:
+            guard.tainted[tenant] = reason
+        if reason is None:
+            proof = await _computed(conn, tenant, lambda read: merkle.consistency_proof(old.size, size, read))
+            try:
+                note = await signer.sign(origin, size, root, proof)
+            except SignRefused as refused:
+                reason = refused.reason
+        if reason is not None:
+            refuse(reason, tenant)
+            log.warning(
+                "log_checkpoint_refused", tenant=tenant, reason=reason, size=size, signed_size=old.size
+            )
+            return None
+        await conn.execute(sql("log_checkpoint_put"), tenant, size, root, note)
+        await conn.execute(sql("log_signed"), tenant, size)
+    return size
+
+
+async def audit_idle(
+    conn: asyncpg.Connection,
+    tenant: str,
+    row: Mapping[str, Any],
+    config: LogConfig,
+    guard: LogGuard,
+    refuse: Refuse,
+    now: float,
+) -> None:
+    """A log that did not grow is audited all the same, at most every LOG_CHECKPOINT_SECONDS while it
+    was signed within the last hour: the root from its tiles, and AUDIT_BUNDLES bundles (round robin)
+    against their tiles and receipts. What it finds is a refusal, and the tenant stays unsigned."""
+    signed_at = row["signed_at"]
+    if tenant in guard.tainted or signed_at is None or now - signed_at.timestamp() > IDLE_AUDIT_HORIZON:
+        return
+    if now - guard.audited_at.get(tenant, 0.0) < config.checkpoint_seconds:
+        return
+    guard.audited_at[tenant] = now
+    size, root = int(row["size"]), bytes(row["root"])
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        reason = None
+        if await _computed(conn, tenant, lambda read: merkle.tree_root(size, read)) != root:
+            reason = "root_mismatch"
+        else:
+            start = guard.audit_cursor.get(tenant, 0)
+            start = 0 if start >= size else start
+            end = min(size, start + AUDIT_BUNDLES * TILE_WIDTH)
+            reason = await _check_new_entries(conn, tenant, start, end)
+            guard.audit_cursor[tenant] = end
+    if reason is not None:
+        guard.tainted[tenant] = reason
+        refuse(reason, tenant)
+        log.warning("log_audit_failed", tenant=tenant, reason=reason, size=size)
+
+
+async def behind_signer(
+    conn: asyncpg.Connection, states: Mapping[str, Signed], origin_prefix: str
+) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """Every tenant's log state, and the tenants whose database log is smaller than what the signer
+    signed for them: tenant -> (database size, signed size)."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        rows = {r["tenant_id"]: r for r in await conn.fetch(sql("log_states"))}
+        await conn.fetchval(sql("maintenance_scope"), "off")
+    prefix = origin_prefix + "/"
+    behind: dict[str, tuple[int, int]] = {}
+    for origin, done in states.items():
+        if not origin.startswith(prefix):
+            continue
+        tenant = origin[len(prefix) :]
+        db_size = int(rows[tenant]["size"]) if tenant in rows else 0
+        if db_size < done.size:
+            behind[tenant] = (db_size, done.size)
+    return rows, behind
+
+
+async def checkpoint(
+    conn: asyncpg.Connection,
+    signer: LogSigner,
+    config: LogConfig,
+    guard: LogGuard,
+    refuse: Refuse = _no_refusal,
+) -> list[tuple[str, int]]:
+    """One checkpointer pass: find tenants behind the signer (the guard), sign every grown tree
+    whose last checkpoint is older than LOG_CHECKPOINT_SECONDS. Answers (tenant, size) signed."""
+    states = await signer.states()
+    rows, behind = await behind_signer(conn, states, config.origin_prefix)
+    prefix = config.origin_prefix + "/"
+    for tenant, sizes in behind.items():
+        if tenant not in guard.behind:
+            refuse("log_behind_signer", tenant)
+            log.error("log_behind_signer", tenant=tenant, db_size=sizes[0], signed_size=sizes[1])
+    guard.behind = behind
+    guard.checked = True
+    signed: list[tuple[str, int]] = []
+    now = time.time()
+    for tenant, row in rows.items():
+        if tenant in behind or row["size"] == 0:
+            continue
+        if row["signed_size"] is not None and row["size"] <= row["signed_size"]:
+            await audit_idle(conn, tenant, row, config, guard, refuse, now)
+            continue
+        last = row["signed_at"]
+        if last is not None and now - last.timestamp() < config.checkpoint_seconds:
+            continue
+        size = await checkpoint_tenant(
+            conn, tenant, signer, config, states.get(prefix + tenant), refuse, guard
+        )
+        if size is not None:
+            signed.append((tenant, size))
+    return signed
+
+
+# ---- reads (runtime pool, the caller's tenant) ---------------------------------------------------
+
+
+class LogTampered(Exception):
+    """Stored log data no longer matches what was logged (an edit in the database): a 500, logged."""
+
+
+def not_yet_logged(retry_after: int) -> LedgerError:
+    return LedgerError(
+        "not_yet_logged",
+        "The receipt is committed but not yet in a signed checkpoint.",
+        retry_after=retry_after,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointView:
+    size: int
+    root: bytes
+    note: str  # the log's signed note with every collected cosignature line
+
+
+async def latest_checkpoint(ledger: Ledger, tenant: str) -> CheckpointView | None:
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_checkpoint") as (conn, _):
+        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+    if row is None:
+        return None
+    return CheckpointView(int(row["size"]), bytes(row["root"]), row["note"] + row["cosignatures"])
+
+
+async def read_tile(ledger: Ledger, tenant: str, ref: TileRef) -> bytes | None:
+    """A tile or entry bundle as c2sp.org/tlog-tiles serves it: a full one only once full, a partial
+    one of width W as the first W hashes (or entries) of the stored one."""
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_tile") as (conn, _):
+        got = await _fetch_tiles(conn, tenant, {(ref.level, ref.index)})
+    blob = got.get((ref.level, ref.index))
+    if blob is None:
+        return None
+    if ref.level == ENTRIES:
+        entries = tiles.decode_bundle(blob)
+        if len(entries) < ref.width or (not ref.partial and len(entries) != TILE_WIDTH):
+            return None
+        return tiles.encode_bundle(entries[: ref.width])
+    if not ref.partial:
+        return blob if len(blob) == tiles.FULL_TILE_BYTES else None
+    return tiles.tile_prefix(blob, ref.width)
+
+
+async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: int) -> str:
+    """The tlog-proof@v1 file of a committed operation against the latest checkpoint."""
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_proof") as (conn, _):
+        found = await conn.fetchrow(sql("log_position"), tenant, operation_id)
+        if found is None:
+            raise not_found()
+        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+        position = found["feed_position"]
+        if row is None or position is None or position > row["size"]:
+            raise not_yet_logged(retry_after)  # committed, not yet on the feed or in a checkpoint
+        index = int(position) - 1
+        size = int(row["size"])
+        bundle = (await _fetch_tiles(conn, tenant, {(ENTRIES, index // TILE_WIDTH)})).get(
+            (ENTRIES, index // TILE_WIDTH)
+        )
+        if bundle is None:
+            raise not_yet_logged(retry_after)
+        leaf = tiles.decode_bundle(bundle)[index % TILE_WIDTH]
+        proof = await _computed(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
+        level0 = await _computed(conn, tenant, lambda read: read([(0, index)])[0])
+        if level0 != leaf_hash(leaf):  # the stored entry was changed after it was logged
+            log.error("log_entry_mismatch", tenant=tenant, index=index)
+            raise LogTampered("entry_mismatch")
+    return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
+
+
+async def consistency_of(ledger: Ledger, tenant: str, old: int) -> list[bytes]:
+    """RFC 9162 consistency proof from size `old` to the latest checkpoint's size."""
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_consistency") as (conn, _):
+        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+        size = 0 if row is None else int(row["size"])
+        if old < 0 or old > size:
+            raise validation_failed([("from", f"must be from 0 to the checkpoint's size {size}")])
+        proof: list[bytes] = await _computed(
+            conn, tenant, lambda read: merkle.consistency_proof(old, size, read)
+        )
+    return proof
+
+
+# ---- the background task of `serve` -----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def background_log(
+    settings: Settings, guard: LogGuard, refuse: Refuse = _no_refusal
+) -> AsyncIterator[None]:
+    """The integrator and the checkpointer inside `serve` (LOG_ENABLED), on an owner connection each.
+    The first checkpointer pass (which finds a database behind the signer) runs before serving."""
+    if not settings.log_enabled or not settings.database_url:
+        yield
+        return
+    signer = signer_from_settings(settings)
+    config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds)
+    witnesses = witness_config(settings)
+    integrating = await owner_connection(settings)
+    checkpointing = await owner_connection(settings)
+    try:
+        await checkpoint(checkpointing, signer, config, guard, refuse)
+    except Exception as exc:  # the loop below retries; a start-up blip must not stop the service
+        log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
+
+    async def integrate_loop() -> None:
+        while True:
+            try:
+                await integrate(integrating, settings.log_batch_size, guard, refuse)
+            except Exception as exc:
+                log.warning("log_integrate_failed", exception_type=type(exc).__name__)
+            await asyncio.sleep(settings.log_integrate_interval_ms / 1000)
+
+    async def checkpoint_loop() -> None:
+        while True:
+            await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
+            try:
+                for tenant, size in await checkpoint(checkpointing, signer, config, guard, refuse):
+                    await submit_to_witnesses(checkpointing, signer, config, witnesses, tenant, size)
+            except Exception as exc:
+                log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
+
+    tasks = [asyncio.create_task(integrate_loop()), asyncio.create_task(checkpoint_loop())]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in (integrating, checkpointing):
+            await conn.close()
+
+
+# ---- witnesses (c2sp.org/tlog-witness) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    url: str
+    vkey: str
+
+    @property
+    def name(self) -> str:
+        return self.vkey.split("+", 1)[0]
+
+
+@dataclass
+class Witnesses:
+    items: list[Witness]
+    quorum: int
+    known: dict[tuple[str, str], int] = field(default_factory=dict)  # (witness url, origin) -> size
+
+
+def witness_config(settings: Settings) -> Witnesses:
+    """LOG_WITNESSES (JSON list of {url, vkey}) and LOG_WITNESS_QUORUM (-1: all of them)."""
+    items = [Witness(str(w["url"]), str(w["vkey"])) for w in json.loads(settings.log_witnesses or "[]")]
+    for item in items:
+        parse_vkey(item.vkey)
+    quorum = len(items) if settings.log_witness_quorum < 0 else settings.log_witness_quorum
+    return Witnesses(items, quorum)
+
+
+async def _cosign_one(
+    conn: asyncpg.Connection,
+    tenant: str,
+    witnesses: Witnesses,
+    witness: Witness,
+    origin: str,
+    size: int,
+    note: str,
+) -> str | None:
+    """Submit one checkpoint to one witness (re-sending once from the size a 409 names)."""
+    key = parse_vkey(witness.vkey)
+    old = witnesses.known.get((witness.url, origin), 0)
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        for _ in range(2):
+            old = min(old, size)
+            async with conn.transaction():
+                await conn.fetchrow(sql("tenant_context"), tenant)
+                proof = await _computed(conn, tenant, functools.partial(merkle.consistency_proof, old, size))
+            body = add_checkpoint_body(old, proof, note)
+            response = await client.post(witness.url.rstrip("/") + "/add-checkpoint", content=body)
+            if response.status_code == 409 and response.text.strip().isdigit():
+                old = int(response.text.strip())
+                continue
+            if response.status_code != 200:
+                log.warning(
+                    "log_witness_refused", tenant=tenant, witness=witness.name, status=response.status_code
+                )
+                return None
+            witnesses.known[(witness.url, origin)] = size
+            lines = [line + "\n" for line in response.text.splitlines() if line]
+            good = [line for line in lines if note_signed_by(parse_note(note + line), key)]
+            return "".join(good) or None
+    return None
+
+
+async def submit_to_witnesses(
+    conn: asyncpg.Connection,
+    signer: LogSigner,
+    config: LogConfig,
+    witnesses: Witnesses,
+    tenant: str,
+    size: int,
+) -> int:
+    """Send a new checkpoint to every configured witness and keep the cosignatures that verify."""
+    if not witnesses.items:
+        return 0
+    origin = origin_of(config.origin_prefix, tenant)
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+    if row is None or row["size"] != size:
+        return 0
+    collected = ""
+    for witness in witnesses.items:
+        try:
+            got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, row["note"])
+        except (httpx.HTTPError, NoteError) as exc:
+            log.warning(
+                "log_witness_unreachable",
+                tenant=tenant,
+                witness=witness.name,
+                exception_type=type(exc).__name__,
+            )
+            got = None
+        if got:
+            collected += got
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_cosignatures_put"), tenant, size, collected)
+    count = collected.count("\n")
+    if count < witnesses.quorum:
+        log.warning(
+            "log_witness_quorum_missed", tenant=tenant, size=size, cosignatures=count, quorum=witnesses.quorum
+        )
+    return count
+
+
+# ---- rollback recovery (effect-ledger log-recover) ---------------------------------------------------
+
+
+class RecoveryError(Exception):
+    """log-recover cannot proceed; the message says why (nothing was changed)."""
+
+
+def read_mirror(directory: Path, size: int) -> list[bytes]:
+    """The first `size` leaves from a mirror of entry bundles laid out as c2sp.org/tlog-tiles does
+    (DIR/tile/entries/N[.p/W]): full bundles, then the partial one of the signed size."""
+    leaves: list[bytes] = []
+    n = 0
+    while len(leaves) < size:
+        remaining = size - len(leaves)
+        width = min(TILE_WIDTH, remaining)
+        candidates = [tiles.TileRef(ENTRIES, n, TILE_WIDTH)]
+        if width < TILE_WIDTH:
+            candidates.insert(0, tiles.TileRef(ENTRIES, n, width))
+        for ref in candidates:
+            path = directory / tiles.tile_path(ref)
+            if path.is_file():
+                leaves.extend(tiles.decode_bundle(path.read_bytes())[:width])
+                break
+        else:
+            raise RecoveryError(f"the mirror lacks entry bundle {tiles.tile_path(candidates[-1])}")
+        n += 1
+    return leaves[:size]
+
+
+def _mirror_root(leaves: Sequence[bytes], upto: int) -> bytes:
+    store = tiles.append(0, {}, [leaf_hash(leaf) for leaf in leaves[:upto]])
+    return merkle.tree_root(upto, lambda nodes: tiles.read_nodes(nodes, store))
+
+
+async def recover_tenant(
+    conn: asyncpg.Connection, tenant: str, signed: Signed, mirror: Sequence[bytes], origin_prefix: str
+) -> dict[str, int]:
+    """Bring a tenant's database log back to what the signer signed, from mirrored leaves: every
+    logged receipt the database lost becomes a committed tombstone again (so its ID answers
+    reuse_receipt and is never executed twice), at its logged feed position, and the tiles are
+    rebuilt to the signed size and root. One transaction: all of it or nothing."""
+    if len(mirror) < signed.size or _mirror_root(mirror, signed.size) != signed.root:
+        raise RecoveryError("the mirrored entries do not hash to the root the signer signed")
+    counts = {"tombstones": 0, "repositioned": 0, "overwritten": 0, "leaves": 0}
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_open"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            raise RecoveryError("another integrator holds the tenant's log; stop the service's log first")
+        db_size, db_root = int(state["size"]), bytes(state["root"])
+        if db_size >= signed.size:
+            return counts
+        if _mirror_root(mirror, db_size) != db_root:
+            raise RecoveryError("the database's log is not a prefix of the mirrored log")
+        leaves = [json.loads(leaf) for leaf in mirror[db_size : signed.size]]
+        wanted = {int(leaf["index"]) + 1: str(leaf["operation_id"]) for leaf in leaves}
+        for row in await conn.fetch(sql("log_positioned_between"), tenant, db_size, signed.size):
+            if wanted.get(int(row["feed_position"])) != row["operation_id"]:
+                await conn.execute(sql("log_unposition"), tenant, row["operation_id"])
+                counts["repositioned"] += 1
+        for leaf in leaves:
+            position = int(leaf["index"]) + 1
+            committed_at = datetime.fromisoformat(str(leaf["committed_at"]).replace("Z", "+00:00"))
+            op_id = str(leaf["operation_id"])
+            existing = await conn.fetchrow(sql("log_operation_state"), tenant, op_id)
+            if existing is None:
+                await conn.fetchval(
+                    sql("log_restore_tombstone"), tenant, op_id, leaf["principal"], leaf["tool"],
+                    leaf["tool_version"], leaf["intent_digest"], int(leaf["attempt"]), committed_at,
+                    leaf["chain_hash"], leaf["receipt_digest"], position,
+                )  # fmt: skip
+                counts["tombstones"] += 1
+            elif existing["status"] != "committed":
+                await conn.execute(
+                    sql("log_make_tombstone"), tenant, op_id, leaf["receipt_digest"], position, committed_at
+                )
+                counts["overwritten"] += 1
+            elif existing["feed_position"] != position:
+                await conn.execute(sql("log_position_set"), tenant, op_id, position)
+                counts["repositioned"] += 1
+        await conn.execute(sql("log_feed_catch_up"), tenant, signed.size)
+        new_size, root = await append_leaves(conn, tenant, db_size, mirror[db_size : signed.size])
+        if (new_size, root) != (signed.size, signed.root):
+            raise RecoveryError("the rebuilt log does not reach the signed root")
+        await conn.execute(
+            sql("log_decision_put"),
+            tenant,
+            "recovered",
+            signed.size,
+            db_size,
+            "re-created from mirrored entries",
+        )
+        counts["leaves"] = new_size - db_size
+    log.warning("log_recovered", tenant=tenant, signed_size=signed.size, db_size=db_size, **counts)
+    return counts
+
+
+async def accept_loss(
+    conn: asyncpg.Connection, signer: LogSigner, origin_prefix: str, tenant: str, reason: str
+) -> int:
+    """An operator's recorded decision: the tenant's log continues from the database's size. The
+    signer's state moves back to it (the loss stays visible: witnesses refuse the fork). Answers the
+    number of signed leaves given up."""
+    states = await signer.states()
+    origin = origin_of(origin_prefix, tenant)
+    signed = states.get(origin)
+    async with conn.transaction():
+        await conn.fetchrow(sql("tenant_context"), tenant)
+        await conn.execute(sql("log_open"), tenant)
+        state = await conn.fetchrow(sql("log_lock"), tenant)
+        if state is None:
+            raise RecoveryError("another integrator holds the tenant's log; stop the service's log first")
+        db_size, db_root = int(state["size"]), bytes(state["root"])
+        if signed is None or db_size >= signed.size:
+            return 0
+        await signer.accept_loss(origin, db_size, db_root)
+        await conn.execute(sql("log_decision_put"), tenant, "accept_loss", signed.size, db_size, reason)
+    log.error("log_loss_accepted", tenant=tenant, signed_size=signed.size, db_size=db_size, reason=reason)
+    return signed.size - db_size

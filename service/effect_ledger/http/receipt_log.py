@@ -1,0 +1,98 @@
+"""The verifiable receipts log's endpoints (API.md section 14), scope ledger:audit, the caller's tenant:
+checkpoint, key, tiles and entry bundles (c2sp.org/tlog-tiles), proof files and consistency proofs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, get
+from litestar.params import FromPath, FromQuery
+
+from effect_ledger.db import receipt_log as repo
+from effect_ledger.domain.errors import not_found, validation_failed
+from effect_ledger.domain.note import b64
+from effect_ledger.domain.receipt_log import origin_of
+from effect_ledger.domain.tiles import parse_tile_path
+from effect_ledger.http.auth import AUDIT, requires
+from effect_ledger.http.context import audit_ledger_of, caller_of
+from effect_ledger.http.paging import QueryProblems
+from effect_ledger.http.schemas import check_operation_id
+
+TEXT = "text/plain; charset=utf-8"
+IMMUTABLE = "public, max-age=31536000, immutable"
+SHORT = "no-cache, max-age=0"
+
+
+def _settings(request: Request[Any, Any, Any]) -> Any:
+    return request.app.state.settings
+
+
+class LogController(Controller):
+    """The tenant's Merkle log of committed receipts, as the C2SP formats lay it out."""
+
+    path = "/v1/log"
+    tags = ("audit",)
+
+    @get("/checkpoint", guards=[requires(AUDIT)])
+    async def checkpoint(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """The latest signed checkpoint (a signed note) with every witness cosignature collected for it."""
+        QueryProblems(request, ()).check()
+        latest = await repo.latest_checkpoint(audit_ledger_of(request), caller_of(request).tenant)
+        if latest is None:
+            raise not_found("checkpoint")
+        return Response(latest.note, media_type=TEXT, headers={"Cache-Control": SHORT})
+
+    @get("/key", guards=[requires(AUDIT)])
+    async def key(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """The log's verifier key for the caller's tenant, the witnesses and the quorum (pin them)."""
+        QueryProblems(request, ()).check()
+        settings = _settings(request)
+        origin = origin_of(settings.log_origin, caller_of(request).tenant)
+        vkey = await request.app.state.log_signer.vkey(origin)
+        witnesses = repo.witness_config(settings)
+        return Response(
+            {
+                "origin": origin,
+                "vkey": vkey,
+                "witnesses": [{"name": w.name, "vkey": w.vkey} for w in witnesses.items],
+                "quorum": witnesses.quorum,
+            }
+        )
+
+    @get("/tile/{rest:path}", guards=[requires(AUDIT)])
+    async def tile(self, request: Request[Any, Any, Any], rest: FromPath[str]) -> Response[Any]:
+        """A tile `tile/L/N[.p/W]` or entry bundle `tile/entries/N[.p/W]`; a full one never changes."""
+        QueryProblems(request, ()).check()
+        ref = parse_tile_path("tile/" + rest.lstrip("/"))
+        if ref is None:
+            raise not_found("tile")
+        blob = await repo.read_tile(audit_ledger_of(request), caller_of(request).tenant, ref)
+        if blob is None:
+            raise not_found("tile")
+        cache = SHORT if ref.partial else IMMUTABLE
+        return Response(blob, media_type="application/octet-stream", headers={"Cache-Control": cache})
+
+    @get("/proof", guards=[requires(AUDIT)])
+    async def proof(
+        self, request: Request[Any, Any, Any], operation_id: FromQuery[str | None] = None
+    ) -> Response[Any]:
+        """A c2sp.org/tlog-proof@v1 file of a committed operation's receipt against the checkpoint."""
+        QueryProblems(request, ("operation_id",)).check()
+        if not operation_id:
+            raise validation_failed([("operation_id", "is required")])
+        check_operation_id(operation_id)
+        retry = _settings(request).log_checkpoint_seconds + 1
+        text = await repo.proof_of(audit_ledger_of(request), caller_of(request).tenant, operation_id, retry)
+        return Response(text, media_type=TEXT, headers={"Cache-Control": SHORT})
+
+    @get("/consistency", guards=[requires(AUDIT)])
+    async def consistency(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """The RFC 9162 consistency proof from size `from` to the current checkpoint (a hash a line)."""
+        QueryProblems(request, ("from",)).check()
+        raw = request.query_params.get("from")
+        if raw is None or not raw.isdigit() or not raw.isascii() or len(raw) > 19:
+            raise validation_failed([("from", "must be a tree size (a non-negative integer)")])
+        proof = await repo.consistency_of(audit_ledger_of(request), caller_of(request).tenant, int(raw))
+        return Response(
+            "".join(b64(h) + "\n" for h in proof), media_type=TEXT, headers={"Cache-Control": SHORT}
+        )

@@ -1,0 +1,251 @@
+"""The verifiable receipts log end to end (API.md section 14): receipts committed through the API enter
+each tenant's log in feed order, checkpoints are signed by the in-process signer, and everything is
+checked offline with the domain's verifier: proof files, roots recomputed from the served tiles,
+entry bundles against level-0 tiles, consistency between checkpoints, tenant isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from effect_ledger.domain import merkle, tiles
+from effect_ledger.domain.note import parse_checkpoint, parse_note
+from effect_ledger.domain.receipt_log import verify_proof
+from effect_ledger.settings import Settings
+from support.auth import auth, token
+from support.console import signed_in
+from support.ledger import AUDITOR, committed, get
+from support.server import Service
+from support.waiting import until
+
+pytestmark = pytest.mark.timeout(180)
+VERIFY = Path(sys.executable).with_name("effect-ledger-verify")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+
+def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
+    return replace(
+        settings,
+        log_enabled=True,
+        log_signer_key=None,
+        log_signer_state=str(tmp_path / "signer"),
+        data_dir=str(tmp_path / "data"),
+        log_checkpoint_seconds=1,
+        log_integrate_interval_ms=50,
+        **more,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+async def logged(settings: Settings, tmp_path: Path) -> AsyncIterator[Service]:
+    async with Service(log_settings(settings, tmp_path)) as running:
+        yield running
+
+
+async def checkpoint_of(client: httpx.AsyncClient, tenant: str = "t1") -> tuple[int, str]:
+    r = await get(client, "/v1/log/checkpoint", tenant=tenant, **AUDITOR)
+    if r.status_code == 404:
+        return 0, ""
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return parse_checkpoint(parse_note(r.text).text).size, r.text
+
+
+async def wait_for_size(client: httpx.AsyncClient, size: int, tenant: str = "t1") -> str:
+    got = await until(
+        lambda: checkpoint_of(client, tenant), f"checkpoint of size {size}", holds=lambda a: a[0] >= size
+    )
+    assert got[0] == size
+    return got[1]
+
+
+async def tile(client: httpx.AsyncClient, ref: tiles.TileRef, tenant: str = "t1") -> httpx.Response:
+    return await get(client, "/v1/log/" + tiles.tile_path(ref), tenant=tenant, **AUDITOR)
+
+
+async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Service) -> None:
+    async with logged.client() as client:
+        ops = [f"op-{i:03d}" for i in range(300)]
+        for op in ops:
+            await committed(client, op, receipt={"external_ref": f"ref-{op}", "result": {"n": op}})
+        await committed(client, "other-1", tenant="t2")
+        note = await wait_for_size(client, len(ops))
+        key = (await get(client, "/v1/log/key", **AUDITOR)).json()
+        assert key["origin"] == "effect-ledger.local/t1" and key["witnesses"] == [] and key["quorum"] == 0
+        assert key["vkey"].startswith("effect-ledger.local/t1+")
+        cp = parse_checkpoint(parse_note(note).text)
+        assert cp.origin == key["origin"]
+
+        # the feed's order is the log's order
+        feed = (await get(client, "/v1/receipts", {"limit": 500}, **AUDITOR)).json()["items"]
+        assert [item["operation_id"] for item in feed] == ops
+
+        # every proof file verifies offline, with the receipt as the operation view shows it
+        for index, op in enumerate(ops):
+            r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
+            assert r.status_code == 200, r.text
+            view = (await get(client, f"/v1/operations/{op}", **AUDITOR)).json()
+            assert view["log_index"] == index
+            verified = verify_proof(r.text, key["vkey"], receipt=view["receipt"])
+            assert (verified.index, verified.size, verified.operation_id) == (index, len(ops), op)
+            leaf = json.loads(base64.b64decode(r.text.split("\n")[1].split(" ", 1)[1]))
+            assert set(leaf) == {
+                "v", "tenant", "operation_id", "index", "principal", "tool", "tool_version",
+                "intent_digest", "attempt", "receipt_digest", "chain_hash", "committed_at", "salt",
+            }  # fmt: skip
+            assert "ref-" not in json.dumps(leaf)  # digests only, never the receipt's content
+
+        # roots recomputed from the served tiles; bundles hash to the level-0 tiles
+        store: dict[tuple[int, int], bytes] = {}
+        for ref in tiles.layout(cp.size):
+            r = await tile(client, ref)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+            assert ("immutable" in r.headers["cache-control"]) == (not ref.partial)
+            store[(ref.level, ref.index)] = r.content
+        assert merkle.tree_root(cp.size, lambda nodes: tiles.read_nodes(nodes, store)) == cp.root
+        bundles = [
+            await tile(client, tiles.TileRef(tiles.ENTRIES, 0, 256)),
+            await tile(client, tiles.TileRef(tiles.ENTRIES, 1, 44)),
+        ]
+        entries = [e for b in bundles for e in tiles.decode_bundle(b.content)]
+        assert [json.loads(e)["operation_id"] for e in entries] == ops
+        level0 = store[(0, 0)] + store[(0, 1)]
+        assert b"".join(merkle.leaf_hash(e) for e in entries) == level0
+
+        # a full tile is not served as partial beyond what exists, and bad paths are 404
+        assert (await tile(client, tiles.TileRef(0, 1, 45))).status_code == 404
+        assert (await tile(client, tiles.TileRef(0, 1, 256))).status_code == 404
+        assert (await get(client, "/v1/log/tile/0/1", **AUDITOR)).status_code == 404
+        assert (await get(client, "/v1/log/tile/0/001.p/3", **AUDITOR)).status_code == 200
+
+        # another tenant: its own log; t1's operation is not found there, t1's tiles are not served
+        await wait_for_size(client, 1, "t2")
+        r = await get(client, "/v1/log/proof", {"operation_id": "op-001"}, tenant="t2", **AUDITOR)
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        assert (await tile(client, tiles.TileRef(0, 0, 2), tenant="t2")).status_code == 404
+        t2key = (await get(client, "/v1/log/key", tenant="t2", **AUDITOR)).json()
+        t2proof = (
+            await get(client, "/v1/log/proof", {"operation_id": "other-1"}, tenant="t2", **AUDITOR)
+        ).text
+        assert verify_proof(t2proof, t2key["vkey"]).tenant == "t2"
+
+        # the log grows: consistency from the old checkpoint to the new one
+        for i in range(5):
+            await committed(client, f"late-{i}")
+        new_note = await wait_for_size(client, len(ops) + 5)
+        new = parse_checkpoint(parse_note(new_note).text)
+        r = await get(client, "/v1/log/consistency", {"from": cp.size}, **AUDITOR)
+        assert r.status_code == 200
+        proof = [base64.b64decode(line) for line in r.text.splitlines()]
+        assert merkle.verify_consistency(cp.size, new.size, cp.root, new.root, proof)
+        bad = await get(client, "/v1/log/consistency", {"from": new.size + 1}, **AUDITOR)
+        assert bad.status_code == 422 and bad.json()["code"] == "validation_failed"
+
+
+async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: Path) -> None:
+    quiet = log_settings(settings, tmp_path)
+    async with Service(replace(quiet, log_checkpoint_seconds=3600)) as running, running.client() as client:
+        await committed(client, "first")
+        await wait_for_size(client, 1)  # the first checkpoint comes at once; the next one in an hour
+        await committed(client, "second")
+        view = await until(
+            lambda: get(client, "/v1/operations/second", **AUDITOR),
+            "second committed",
+            holds=lambda r: r.status_code == 200,
+        )
+        assert view.json()["log_index"] is None
+        r = await get(client, "/v1/log/proof", {"operation_id": "second"}, **AUDITOR)
+        assert r.status_code == 409 and r.json()["code"] == "not_yet_logged"
+        assert int(r.headers["retry-after"]) >= 1
+        r = await get(client, "/v1/log/proof", {"operation_id": "never"}, **AUDITOR)
+        assert r.status_code == 404
+        # the auditor's session: key and proof fetched, then verified offline by effect-ledger-verify
+        (tmp_path / "key.json").write_text((await get(client, "/v1/log/key", **AUDITOR)).text)
+        proof = (await get(client, "/v1/log/proof", {"operation_id": "first"}, **AUDITOR)).text
+        (tmp_path / "first.tlog-proof").write_text(proof)
+        view = (await get(client, "/v1/operations/first", **AUDITOR)).json()
+        (tmp_path / "receipt.json").write_text(json.dumps(view["receipt"]))
+        verify = [str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "key.json")]
+        ok = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
+        assert ok.returncode == 0 and ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1"), ok
+        (tmp_path / "receipt.json").write_text(json.dumps({**view["receipt"], "external_ref": "other"}))
+        bad = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
+        assert bad.returncode == 1 and "receipt_digest" in bad.stderr, bad
+        r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
+        assert r.status_code == 403
+        assert (await client.get("/v1/log/checkpoint")).status_code == 401
+
+
+async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        for i in range(3):
+            await committed(client, f"op-{i}")
+        await wait_for_size(client, 3)
+        await signed_in(client, token(scope="ledger:audit ledger:reconcile", sub="aud-1"))
+        page = await client.get("/console/operations/op-2")
+        assert page.status_code == 200
+        assert '<dd id="log-index">2</dd>' in page.text
+        assert "Its proof verifies against the current signed checkpoint" in page.text
+        overview = await client.get("/console/")
+        assert '<dd id="log-size">3</dd>' in overview.text
+        assert "effect-ledger.local/t1" in overview.text and "none configured" in overview.text
+        owner = await asyncpg.connect(running.settings.database_url)
+        try:  # as the superuser: the receipt of op-1 edited after it was logged
+            await owner.execute(
+                "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
+                " WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+            )
+        finally:
+            await owner.close()
+        page = await client.get("/console/operations/op-1")
+        assert "Its proof does not verify" in page.text and "receipt_digest" in page.text
+        await signed_in(client, token(scope="ledger:reconcile", sub="rec-1"))
+        assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
+
+
+async def test_concurrent_integrators_write_one_log_in_feed_order(settings: Settings, db_url: str) -> None:
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        ops = [f"op-{i:03d}" for i in range(600)]
+        for op in ops:
+            await committed(client, op)
+    conns = [await owner_connection(settings) for _ in range(4)]
+    try:
+
+        async def integrator(conn: asyncpg.Connection) -> int:
+            total = 0
+            for _ in range(40):
+                total += await receipt_log.integrate_tenant(conn, "t1", 50)
+            return total
+
+        appended = await asyncio.gather(*(integrator(c) for c in conns))
+        assert sum(appended) == 600  # each receipt appended exactly once, whoever held the tenant
+        owner = conns[0]
+        size, root = await owner.fetchrow("SELECT size, root FROM ledger.log_state WHERE tenant_id = 't1'")
+        tiles_rows = await owner.fetch("SELECT level, idx, data FROM ledger.log_tiles WHERE tenant_id = 't1'")
+    finally:
+        for conn in conns:
+            await conn.close()
+    store = {(r["level"], r["idx"]): bytes(r["data"]) for r in tiles_rows}
+    entries = [e for n in range(3) for e in tiles.decode_bundle(store[(tiles.ENTRIES, n)])]
+    assert size == 600 and [json.loads(e)["operation_id"] for e in entries] == ops
+    assert [json.loads(e)["index"] for e in entries] == list(range(600))
+    hashes = [merkle.leaf_hash(e) for e in entries]
+    assert merkle.naive_root(hashes) == bytes(root)
+    assert merkle.tree_root(600, lambda nodes: tiles.read_nodes(nodes, store)) == bytes(root)

@@ -1,0 +1,371 @@
+"""The receipts log against the database's own operators (API.md section 14), as the superuser:
+
+- an edited receipt, tile or entry gets no new checkpoint signed over it; the refusal is counted
+  (effect_ledger_log_refusals_total{reason}) and logged, and the proof files saved before still verify;
+- a database restored from an older copy (CREATE DATABASE ... TEMPLATE of a snapshot) is behind the
+  signer: executor writes answer 503 and /readyz names log_behind_signer, until `effect-ledger
+  log-recover --entries DIR` re-creates the lost receipts as tombstones (each lost ID answers
+  reuse_receipt again) from mirrored entry bundles, or `--accept-loss` records the operator's decision;
+- the signer as its own process (`effect-ledger log-signer`) and a witness (`effect-ledger witness`)
+  over loopback HTTP, whose cosignatures the served checkpoint carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import httpx
+import pytest
+
+from effect_ledger.domain import tiles
+from effect_ledger.domain.note import parse_checkpoint, parse_note
+from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
+from effect_ledger.settings import Settings
+from support.ledger import AUDITOR, CLAIM, claim, committed, get
+from support.server import Service, free_port
+from support.waiting import until
+
+pytestmark = pytest.mark.timeout(240)
+CLI = Path(sys.executable).with_name("effect-ledger")
+
+
+def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
+    return replace(
+        settings,
+        log_enabled=True,
+        log_signer_state=str(tmp_path / "signer"),
+        data_dir=str(tmp_path / "data"),
+        log_checkpoint_seconds=1,
+        log_integrate_interval_ms=50,
+        **more,  # type: ignore[arg-type]
+    )
+
+
+async def size_of(client: httpx.AsyncClient) -> int:
+    r = await get(client, "/v1/log/checkpoint", **AUDITOR)
+    return 0 if r.status_code == 404 else parse_checkpoint(parse_note(r.text).text).size
+
+
+async def wait_for_size(client: httpx.AsyncClient, size: int) -> None:
+    assert (
+        await until(lambda: size_of(client), f"checkpoint of size {size}", holds=lambda s: s >= size) == size
+    )
+
+
+def refusals(service: Service, reason: str) -> float:
+    value = service.app.state.metrics.registry.get_sample_value(
+        "effect_ledger_log_refusals_total", {"reason": reason}
+    )
+    return float(value or 0)
+
+
+def refused_reasons(service: Service) -> set[str]:
+    return {
+        sample.labels["reason"]
+        for metric in service.app.state.metrics.registry.collect()
+        if metric.name == "effect_ledger_log_refusals"
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.value > 0
+    }
+
+
+async def proofs(client: httpx.AsyncClient, ops: list[str]) -> dict[str, str]:
+    out = {}
+    for op in ops:
+        r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
+        assert r.status_code == 200, r.text
+        out[op] = r.text
+    return out
+
+
+TAMPERS = {
+    "receipt": (
+        "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"forged\"')"
+        " WHERE tenant_id = 't1' AND operation_id = 'op-2'",
+        {"receipt_mismatch"},
+    ),
+    "entry": (
+        "UPDATE ledger.log_tiles SET data = overlay(data placing '\\x58'::bytea from 40 for 1)"
+        " WHERE tenant_id = 't1' AND level = -1 AND idx = 0",
+        {"entry_mismatch"},
+    ),
+    "tile": (
+        "UPDATE ledger.log_tiles SET data = overlay(data placing '\\x0000'::bytea from 33 for 2)"
+        " WHERE tenant_id = 't1' AND level = 0 AND idx = 0",
+        # the integrator appended to the edited tile, so the entries (not the root) disagree with it
+        {"entry_mismatch", "root_mismatch", "inconsistent"},
+    ),
+}
+
+
+@pytest.mark.parametrize("grow", [True, False], ids=["log-grows", "log-idle"])
+@pytest.mark.parametrize("what", sorted(TAMPERS))
+async def test_tampered_history_gets_no_new_checkpoint(
+    what: str, grow: bool, settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    statement, reasons = TAMPERS[what]
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        ops = [f"op-{i}" for i in range(5)]
+        for op in ops:
+            await committed(client, op)
+        await wait_for_size(client, 5)
+        key = (await get(client, "/v1/log/key", **AUDITOR)).json()["vkey"]
+        saved = await proofs(client, ops)
+        receipts = {
+            op: (await get(client, f"/v1/operations/{op}", **AUDITOR)).json()["receipt"] for op in ops
+        }
+        owner = await asyncpg.connect(db_url)
+        try:
+            assert await owner.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            assert (await owner.execute(statement)).endswith(" 1")
+        finally:
+            await owner.close()
+        for i in range(3 if grow else 0):  # idle: the audit finds it all the same
+            await committed(client, f"later-{i}")
+        got = await until(lambda: refused_reasons(running), f"a refusal for the edited {what}", within=60)
+        assert got <= reasons, got
+        await asyncio.sleep(2.5)  # several checkpoint periods: none may be signed
+        assert await size_of(client) == 5
+        for op, text in saved.items():
+            assert verify_proof(text, key, receipt=receipts[op]).operation_id == op
+        if what == "receipt":
+            forged = (await get(client, "/v1/operations/op-2", **AUDITOR)).json()["receipt"]
+            with pytest.raises(ProofInvalid, match="receipt_digest"):
+                verify_proof(saved["op-2"], key, receipt=forged)
+        if what == "entry":
+            r = await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)
+            assert r.status_code == 500 and r.json()["code"] == "internal"
+
+
+def db_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+def with_name(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(path="/" + name).geturl()
+
+
+async def copy_database(admin_url: str, source: str, target: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source}"')
+    finally:
+        await admin.close()
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_a_restored_backup_stops_writes_until_log_recover(
+    settings: Settings, db_url: str, pg_admin_url: str, tmp_path: Path
+) -> None:
+    configured = log_settings(settings, tmp_path)
+    snapshot = db_name(db_url) + "_snap"
+    try:
+        async with Service(configured) as running, running.client() as client:
+            for i in range(3):
+                await committed(client, f"op-{i}")
+            await wait_for_size(client, 3)
+        await copy_database(pg_admin_url, db_name(db_url), snapshot)  # the backup, taken at size 3
+        mirror = tmp_path / "mirror"
+        async with Service(configured) as running, running.client() as client:
+            for i in range(3, 7):
+                await committed(client, f"op-{i}")
+            await wait_for_size(client, 7)
+            bundle = await get(
+                client, "/v1/log/" + tiles.tile_path(tiles.TileRef(tiles.ENTRIES, 0, 7)), **AUDITOR
+            )
+            assert bundle.status_code == 200
+            target = mirror / tiles.tile_path(tiles.TileRef(tiles.ENTRIES, 0, 7))
+            target.parent.mkdir(parents=True)
+            target.write_bytes(bundle.content)  # what an auditor (or a witness) mirrors
+
+        restored = replace(configured, database_url=with_name(db_url, snapshot))
+        async with Service(restored) as running, running.client() as client:
+            r = await claim(client, "op-5")  # committed in the lost history
+            assert r.status_code == 503 and r.json()["code"] == "unavailable" and r.json()["incident"]
+            r = await claim(client, "brand-new")
+            assert r.status_code == 503
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["log"] == "log_behind_signer"
+            assert refusals(running, "log_behind_signer") == 1
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+        env.update(
+            EFFECT_LEDGER_DATABASE_URL=restored.database_url or "",
+            EFFECT_LEDGER_DATA_DIR=configured.data_dir,
+            EFFECT_LEDGER_LOG_SIGNER_STATE=configured.log_signer_state or "",
+            EFFECT_LEDGER_LOG_FORMAT="json",
+        )
+        done = cli("log-recover", "--entries", str(mirror), env=env)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout.strip().splitlines()[-1])["log_recover"]["t1"]
+        assert report["tombstones"] == 4 and report["leaves"] == 4
+
+        async with Service(restored) as running, running.client() as client:
+            assert (await client.get("/readyz")).status_code == 200
+            for i in range(3, 7):  # every lost committed ID is known again: never executed twice
+                r = await claim(client, f"op-{i}")
+                assert r.status_code == 200 and r.json()["action"] == "reuse_receipt", r.text
+                assert r.json()["operation"]["purged"] is True
+            await committed(client, "after-recovery")
+            await wait_for_size(client, 8)  # the signer accepts it: consistent with what it signed
+            text = (await get(client, "/v1/log/proof", {"operation_id": "after-recovery"}, **AUDITOR)).text
+            key = (await get(client, "/v1/log/key", **AUDITOR)).json()["vkey"]
+            assert verify_proof(text, key).index == 7
+    finally:
+        await drop_database(pg_admin_url, snapshot)
+
+
+async def test_accepting_the_loss_is_recorded_and_unblocks(
+    settings: Settings, db_url: str, pg_admin_url: str, tmp_path: Path
+) -> None:
+    configured = log_settings(settings, tmp_path)
+    snapshot = db_name(db_url) + "_snap"
+    try:
+        async with Service(configured) as running, running.client() as client:
+            await committed(client, "op-0")
+            await wait_for_size(client, 1)
+        await copy_database(pg_admin_url, db_name(db_url), snapshot)
+        async with Service(configured) as running, running.client() as client:
+            await committed(client, "op-1")
+            await wait_for_size(client, 2)
+        restored = replace(configured, database_url=with_name(db_url, snapshot))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+        env.update(
+            EFFECT_LEDGER_DATABASE_URL=restored.database_url or "",
+            EFFECT_LEDGER_DATA_DIR=configured.data_dir,
+            EFFECT_LEDGER_LOG_SIGNER_STATE=configured.log_signer_state or "",
+        )
+        refused = cli("log-recover", "--accept-loss", env=env)
+        assert refused.returncode == 2 and "--reason" in refused.stderr
+        done = cli("log-recover", "--accept-loss", "--reason", "restore of ticket 42", env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+            "log_recover": {"t1": {"accepted_loss": 1}}
+        }
+        owner = await asyncpg.connect(restored.database_url)
+        try:
+            row = await owner.fetchrow("SELECT kind, signed_size, db_size, reason FROM ledger.log_decisions")
+        finally:
+            await owner.close()
+        assert dict(row) == {
+            "kind": "accept_loss",
+            "signed_size": 2,
+            "db_size": 1,
+            "reason": "restore of ticket 42",
+        }
+        async with Service(restored) as running, running.client() as client:
+            r = await claim(client, "op-1", CLAIM)  # the accepted loss: this ID is new again
+            assert r.status_code == 201
+    finally:
+        await drop_database(pg_admin_url, snapshot)
+
+
+@contextmanager
+def process(*args: str, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    proc = subprocess.Popen(
+        [str(CLI), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        yield json.loads(line)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)  # waits, and closes both pipes
+
+
+async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settings, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    key = tmp_path / "signer" / "key"
+    signer_port, witness_port = free_port(), free_port()
+    signer_args = (
+        "log-signer",
+        "--generate-key",
+        "--key",
+        str(key),
+        "--state",
+        str(tmp_path / "signer-state"),
+    )
+    with process(*signer_args, "--listen-port", str(signer_port), env=env) as started:
+        assert started["prefix"] == "effect-ledger.local"
+        vkey = json.loads(
+            cli("log-key", "--tenant", "t1", "--log-signer-url", started["log_signer"], env=env).stdout
+        )
+        assert vkey["origin"] == "effect-ledger.local/t1"
+        witness_args = ("witness", "--port", str(witness_port), "--state", str(tmp_path / "witness"))
+        with process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey["vkey"], env=env) as w:
+            witnesses = json.dumps([{"url": w["witness"], "vkey": w["vkey"]}])
+            remote = log_settings(
+                settings, tmp_path, log_signer_url=started["log_signer"], log_witnesses=witnesses
+            )
+            async with Service(remote) as running, running.client() as client:
+                await committed(client, "op-0")
+                await wait_for_size(client, 1)
+                key_view = (await get(client, "/v1/log/key", **AUDITOR)).json()
+                assert key_view == {
+                    "origin": "effect-ledger.local/t1",
+                    "vkey": vkey["vkey"],
+                    "witnesses": [{"name": w["vkey"].split("+")[0], "vkey": w["vkey"]}],
+                    "quorum": 1,
+                }
+
+                async def cosigned() -> str:
+                    r = await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)
+                    return r.text if r.text.count("\u2014") == 2 else ""
+
+                text = await until(cosigned, "a proof with the witness cosignature")
+                receipt = (await get(client, "/v1/operations/op-0", **AUDITOR)).json()["receipt"]
+                verified = verify_proof(text, vkey["vkey"], [w["vkey"]], receipt=receipt)
+                assert verified.cosigned_by == (w["vkey"].split("+")[0],)
+                for i in range(1, 4):
+                    await committed(client, f"op-{i}")
+                await wait_for_size(client, 4)
+                text = await until(
+                    lambda: get(client, "/v1/log/checkpoint", **AUDITOR), "a cosigned size 4",
+                    holds=lambda r: r.text.count("\u2014") == 2,
+                )  # fmt: skip
+        state = json.loads((tmp_path / "witness" / "state.json").read_text())
+        assert state["effect-ledger.local/t1"]["size"] == 4
+
+
+async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    async with Service(settings) as off, off.client() as client:  # the log is not running yet
+        for i in range(3):
+            await committed(client, f"op-{i}")
+    owner = await asyncpg.connect(db_url)
+    try:
+        await owner.execute(TAMPERS["receipt"][0].replace("op-2", "op-1"))
+    finally:
+        await owner.close()
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        await until(lambda: refusals(running, "receipt_mismatch"), "the edited receipt refused", within=60)
+        await wait_for_size(client, 1)  # op-0 only: op-1's chain does not record the stored receipt
+        await asyncio.sleep(1.5)
+        assert await size_of(client) == 1
+        r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
+        assert r.status_code == 409 and r.json()["code"] == "not_yet_logged"
