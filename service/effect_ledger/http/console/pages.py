@@ -102,7 +102,7 @@ async def log_facts(
     settings = request.app.state.settings
     tenant = session.caller.tenant
     try:
-        text = await receipt_log.proof_of(ledger_of(request), tenant, op.operation_id, 1)
+        text = await receipt_log.proof_of(audit_ledger_of(request), tenant, op.operation_id, 1)
     except LedgerError as error:
         if error.code == "not_yet_logged":
             return {"index": None, "state": "pending", "detail": "not yet in a signed checkpoint"}
@@ -125,7 +125,7 @@ async def log_overview(request: Request[Any, Any, Any], session: ConsoleSession)
     if not holds(session, AUDIT) or request.app.state.log_signer is None:
         return None
     settings = request.app.state.settings
-    latest = await receipt_log.latest_checkpoint(ledger_of(request), session.caller.tenant)
+    latest = await receipt_log.latest_checkpoint(audit_ledger_of(request), session.caller.tenant)
     config = receipt_log.witness_config(settings)
     cosigned = [w.name for w in config.items if latest is not None and f"\u2014 {w.name} " in latest.note]
     return {
