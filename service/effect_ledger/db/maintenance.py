@@ -23,6 +23,7 @@ import asyncpg
 import msgspec
 import structlog
 
+from effect_ledger.db import approvals
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
@@ -127,7 +128,10 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerO
             # A short batch means nothing sweepable is left; a batch that swept nothing holds only rows
             # that requests hold right now (skipped): leave them to the next run rather than spin.
             if found < batch_size or swept == 0:
-                return result
+                break
+        # Approvals (section 15): expiry by the database clock is recorded as an event, here too.
+        result.counts["approvals_expired"] = await approvals.expire_due(conn, batch_size)
+    return result
 
 
 async def sweep(settings: Settings, observer: LedgerObserver = UNOBSERVED) -> RunResult:
@@ -217,6 +221,8 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
         result.counts["journal_sessions"] = await purge_idle_sessions(
             conn, settings.journal_retention_days, settings.purge_batch_size
         )
+        # Approvals (section 15): the intents kept for approvers go once they are no use.
+        result.counts["approval_intents"] = await approvals.purge_intents(conn)
     return result
 
 

@@ -25,6 +25,8 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "revision_conflict": (409, "Revision conflict"),
     "invalid_history": (422, "Invalid history"),
     "unsupported_schema": (422, "Unsupported schema"),
+    "approval_required": (403, "Approval required"),
+    "approval_denied": (403, "Approval denied"),
     "rate_limited": (429, "Rate limited"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Service unavailable"),

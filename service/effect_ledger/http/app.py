@@ -14,6 +14,8 @@ from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
+from effect_ledger.domain.approvals import parse_policy
+from effect_ledger.http.approvals import ApprovalsController
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.console import (
@@ -50,6 +52,7 @@ ROUTES: list[Any] = [
     ReconcilerController,
     AuditController,
     JournalController,
+    ApprovalsController,
     metrics_endpoint,
     *CONSOLE_ROUTES,
 ]
@@ -112,6 +115,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))
     app.state.migration_head = head_revision()
     app.state.settings = settings
+    app.state.approval_policy = parse_policy(settings.approval_policy)
     return app
 
 

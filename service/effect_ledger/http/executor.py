@@ -7,8 +7,11 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
+from msgspec import UNSET
 
+from effect_ledger.db import approvals as approval_repo
 from effect_ledger.db import ledger as repo
+from effect_ledger.domain.approvals import ApprovalPolicy
 from effect_ledger.domain.claims import ClaimRequest
 from effect_ledger.domain.errors import not_found
 from effect_ledger.domain.model import Binding, Operation, operation_view
@@ -68,10 +71,38 @@ def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRe
     )
 
 
+def approval_ask(request: Request[Any, Any, Any], tenant: str, body: ClaimBody) -> dict[str, Any] | None:
+    """What the approval gate needs when a rule of APPROVAL_POLICY covers the tool; else None."""
+    policy: ApprovalPolicy | None = request.app.state.approval_policy
+    rule = None if policy is None else policy.rule_for(tenant, body.tool)
+    if rule is None:
+        return None
+    return approval_repo.claim_ask(rule, body.intent, body.intent is not UNSET, body.approval_note)
+
+
+def observe_approval(
+    request: Request[Any, Any, Any], ask: dict[str, Any] | None, result: repo.ClaimResult
+) -> None:
+    """Count the approval events a gated claim committed: `requested` (the request carries the ID this
+    claim proposed) or `consumed` (an attempt was granted through it)."""
+    if ask is None or result.approval is None:
+        return
+    metrics = request.app.state.metrics
+    if result.approval["approval_id"] == ask["approval_id"]:
+        metrics.approval_event("requested")
+    if result.verdict in ("created", "new_attempt"):
+        metrics.approval_event("consumed")
+
+
 def claim_answer(operation_id: str, result: repo.ClaimResult) -> Response[Any]:
-    """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal."""
+    """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal
+    (approval_required / approval_denied carry the request's view as `approval`)."""
     if result.refusal is not None:
-        raise result.refusal.error()
+        error = result.refusal.error()
+        if result.verdict in repo.APPROVAL_REFUSALS:
+            error.extensions["approval"] = result.approval
+        raise error
+    assert result.operation is not None
     view = operation_view(result.operation)
     if result.verdict == "reuse_receipt":
         return Response({"action": "reuse_receipt", "operation": view}, status_code=200)
@@ -107,7 +138,9 @@ class ExecutorController(Controller):
         """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
         caller = caller_of(request)
         req = claim_request(operation_id, caller, data)
-        result = await repo.claim(ledger_of(request), caller.tenant, req, data.client_nonce)
+        ask = approval_ask(request, caller.tenant, data)
+        result = await repo.claim(ledger_of(request), caller.tenant, req, data.client_nonce, ask)
+        observe_approval(request, ask, result)
         return claim_answer(operation_id, result)
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
