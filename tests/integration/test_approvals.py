@@ -352,3 +352,45 @@ def test_an_invalid_policy_refuses_to_start() -> None:
     assert policy.rule_for("t1", "charge") is not None and policy.rule_for("t1", "charge-2") is None
     rule = policy.rule_for("t2", "charge-2")
     assert rule is not None and rule.required == 2 and rule.ttl_seconds == 900
+
+
+async def test_a_gated_claim_is_one_round_trip(settings: Settings) -> None:
+    """The gate and the consumption run inside the claim's one statement (test_round_trips' counting)."""
+    from effect_ledger.db import approvals as approval_repo
+    from effect_ledger.db import ledger as repo
+    from effect_ledger.db.pools import create_role_pool
+    from effect_ledger.db.urls import RUNTIME_ROLE
+    from effect_ledger.domain.approvals import ApprovalRule
+    from effect_ledger.domain.claims import ClaimRequest
+    from effect_ledger.domain.model import Binding
+
+    statements: list[str] = []
+    pool = await create_role_pool(settings, RUNTIME_ROLE, 1)
+    async with pool.acquire() as conn:
+        conn.add_query_logger(lambda record: statements.append(record.query))
+    ledger = repo.Ledger(pool, 5.0)
+    rule = ApprovalRule("charge")
+    try:
+
+        async def gated(op: str) -> repo.ClaimResult:
+            req = ClaimRequest(op, Binding("exec-1", "charge", "1", "sha256:" + "c" * 64), 30, None)
+            statements.clear()
+            ask = approval_repo.claim_ask(rule, None, False, None)
+            result = await repo.claim(ledger, "t1", req, None, ask)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            return result
+
+        await gated("warm")  # prepared once
+        refused = await gated("rt-1")
+        assert (refused.verdict, len(statements)) == ("approval_required", 1)
+        assert refused.approval is not None
+        await owner(
+            settings.database_url or "",
+            "UPDATE ledger.approvals SET status = 'approved' WHERE approval_id = $1",
+            refused.approval["approval_id"],
+        )
+        granted = await gated("rt-1")
+        assert (granted.verdict, len(statements)) == ("created", 1)
+    finally:
+        await pool.close()

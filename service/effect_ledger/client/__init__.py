@@ -4,8 +4,18 @@ It imports only `effect_ledger.domain` (pure rules) from the service, never its 
 layers, so an executor can depend on it without the server's runtime.
 """
 
+from effect_ledger.client.approvals import (
+    ApprovalDecision,
+    ApprovalPage,
+    Approvals,
+    ApprovalView,
+    EffectCancelled,
+    ReviewReport,
+)
 from effect_ledger.client.client import LedgerClient, UnexpectedAnswer, new_client_nonce
 from effect_ledger.client.errors import (
+    ApprovalDenied,
+    ApprovalRequired,
     ConflictingOutcome,
     EffectUsageError,
     Forbidden,
@@ -79,6 +89,12 @@ from effect_ledger.client.telemetry import CallStats
 __all__ = [
     "AccessLogEntry",
     "AppendResult",
+    "ApprovalDecision",
+    "ApprovalDenied",
+    "ApprovalPage",
+    "ApprovalRequired",
+    "ApprovalView",
+    "Approvals",
     "CallStats",
     "ClaimGrant",
     "ClaimResult",
@@ -87,6 +103,7 @@ __all__ = [
     "ContextSelection",
     "Diagnostics",
     "Effect",
+    "EffectCancelled",
     "EffectUsageError",
     "Event",
     "Evidence",
@@ -120,6 +137,7 @@ __all__ = [
     "RecoveryDecision",
     "ResumePlan",
     "RetryPolicy",
+    "ReviewReport",
     "RevisionConflict",
     "SensitiveValueRejected",
     "SessionCreated",
