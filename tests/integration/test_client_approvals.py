@@ -45,10 +45,10 @@ def approver(service: Service, sub: str = "ap-1") -> LedgerClient:
     return LedgerClient(service.base_url, token(sub=sub, scope="ledger:approve ledger:audit"))
 
 
-async def first_pending(approvals: LedgerClient, timeout: float = 10.0) -> ApprovalView:
+async def first_pending(approvals: LedgerClient, within: float = 10.0) -> ApprovalView:
     """The first pending request, once the executor's claim has made it."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + within
     while loop.time() < end:
         page = await approvals.approvals.page(status="pending")
         if page.items:
