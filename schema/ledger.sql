@@ -995,6 +995,21 @@ CREATE TABLE diagnostics.incidents (
 
 ALTER TABLE ONLY diagnostics.incidents FORCE ROW LEVEL SECURITY;
 
+CREATE TABLE journal.continuation_payloads (
+    tenant_id text NOT NULL,
+    session_id text NOT NULL,
+    seq integer NOT NULL,
+    key_id text NOT NULL,
+    nonce bytea NOT NULL,
+    ciphertext bytea NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT continuation_payloads_key_id_check CHECK ((key_id ~ '^[A-Za-z0-9._-]{1,64}$'::text)),
+    CONSTRAINT continuation_payloads_nonce_check CHECK ((octet_length(nonce) = 12)),
+    CONSTRAINT continuation_payloads_seq_check CHECK ((seq >= 1))
+);
+
+ALTER TABLE ONLY journal.continuation_payloads FORCE ROW LEVEL SECURITY;
+
 CREATE TABLE journal.records (
     tenant_id text NOT NULL,
     session_id text NOT NULL,
@@ -1085,6 +1100,9 @@ ALTER TABLE ONLY diagnostics.incidents
 ALTER TABLE ONLY diagnostics.incidents
     ADD CONSTRAINT incidents_report_once UNIQUE (tenant_id, principal, report_key);
 
+ALTER TABLE ONLY journal.continuation_payloads
+    ADD CONSTRAINT continuation_payloads_pkey PRIMARY KEY (tenant_id, session_id, seq);
+
 ALTER TABLE ONLY journal.records
     ADD CONSTRAINT records_pkey PRIMARY KEY (tenant_id, session_id, seq);
 
@@ -1111,6 +1129,8 @@ CREATE INDEX access_log_age ON diagnostics.access_log USING btree (at);
 CREATE INDEX access_log_by_time ON diagnostics.access_log USING btree (tenant_id, at, access_id);
 
 CREATE INDEX incidents_age ON diagnostics.incidents USING btree (created_at);
+
+CREATE INDEX continuation_payloads_expiry ON journal.continuation_payloads USING btree (expires_at);
 
 CREATE INDEX sessions_idle ON journal.sessions USING btree (updated_at);
 
@@ -1142,6 +1162,9 @@ CREATE TRIGGER events_append_only BEFORE DELETE OR UPDATE ON ledger.events FOR E
 
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON ledger.events FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_event_change();
 
+ALTER TABLE ONLY journal.continuation_payloads
+    ADD CONSTRAINT continuation_payloads_tenant_id_session_id_seq_fkey FOREIGN KEY (tenant_id, session_id, seq) REFERENCES journal.records(tenant_id, session_id, seq) ON DELETE CASCADE;
+
 ALTER TABLE ONLY journal.records
     ADD CONSTRAINT records_tenant_id_session_id_fkey FOREIGN KEY (tenant_id, session_id) REFERENCES journal.sessions(tenant_id, session_id) ON DELETE CASCADE;
 
@@ -1163,6 +1186,10 @@ CREATE POLICY tenant_isolation ON diagnostics.access_log USING ((tenant_id = cur
 
 CREATE POLICY tenant_isolation ON diagnostics.incidents USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
+ALTER TABLE journal.continuation_payloads ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY maintenance ON journal.continuation_payloads TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
 CREATE POLICY maintenance ON journal.records TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON journal.sessions TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
@@ -1170,6 +1197,8 @@ CREATE POLICY maintenance ON journal.sessions TO postgres USING ((current_settin
 ALTER TABLE journal.records ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE journal.sessions ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY tenant_isolation ON journal.continuation_payloads USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON journal.records USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
@@ -1231,6 +1260,8 @@ GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;
 
 GRANT INSERT ON TABLE diagnostics.incidents TO effect_ledger_runtime;
 GRANT SELECT ON TABLE diagnostics.incidents TO effect_ledger_diag_reader;
+
+GRANT SELECT,INSERT ON TABLE journal.continuation_payloads TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT ON TABLE journal.records TO effect_ledger_runtime;
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.db.embedded import dev_jwt_secret, start_embedded, stop_embedded
+from effect_ledger.db.embedded import dev_jwt_secret, dev_state_key, start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.http.ratelimit import create_shared_store
 from effect_ledger.settings import Settings
@@ -25,6 +25,8 @@ def database(settings: Settings, *, run_migrations: bool) -> Iterator[Settings]:
     if not settings.database_url:
         server, url = start_embedded(settings.data_path)
         settings = settings.with_database(url)
+        if not settings.journal_state_key_file:
+            settings = replace(settings, journal_state_key_file=str(dev_state_key(settings.data_path)))
     try:
         if run_migrations:
             asyncio.run(migrate(settings))

@@ -130,6 +130,12 @@ class Settings:
         '[{"tool": glob, "required": 1..3, "ttl_seconds": 60..86400}], "tenants": {"t1": [...]}}`; '
         "absent: none",
     )
+    journal_state_key_file: str | None = setting(
+        None,
+        "AES-256-GCM key ring sealing continuation payloads (`key_id:base64` a line, the first seals); "
+        "absent: created in the data directory with the embedded database, else continuations are refused",
+        READABLE_FILE,
+    )
     journal_max_records: int = setting(1000, "records per journal session (API.md section 12)", at_least(1))
     journal_max_record_bytes: int = setting(
         16384, "UTF-8 bytes of one journal record in its JCS form", at_least(64)

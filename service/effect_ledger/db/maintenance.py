@@ -27,6 +27,7 @@ from effect_ledger.db import approvals
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
+from effect_ledger.db.journal_state import purge_expired_payloads
 from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
 from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
 from effect_ledger.settings import Settings
@@ -221,6 +222,8 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
         result.counts["journal_sessions"] = await purge_idle_sessions(
             conn, settings.journal_retention_days, settings.purge_batch_size
         )
+        # Continuation payloads (section 12) go when they expire; their records' metadata stays.
+        result.counts["continuation_payloads"] = await purge_expired_payloads(conn)
         # Approvals (section 15): the intents kept for approvers go once they are no use.
         result.counts["approval_intents"] = await approvals.purge_intents(conn)
     return result

@@ -551,3 +551,32 @@ WHERE status IN ('pending', 'approved', 'denied') AND expires_at <= clock_timest
 -- digest stays. statement_timestamp(): Citus refuses VOLATILE functions in an UPDATE.
 UPDATE ledger.approvals SET intent = NULL
 WHERE intent IS NOT NULL AND (expires_at <= statement_timestamp() OR status IN ('consumed', 'revoked'));
+
+-- ---------------------------------------------------------------------------------------------
+-- Continuation payloads (docs/api.md section 12, migration 0012): sealed with a key outside the
+-- database, stored apart from their record, read only by context replay.
+
+-- name: journal_prefix_records
+-- The stored records 1..$3 of a session in seq order (the prefix a continuation is bound to).
+SELECT seq, record
+FROM journal.records
+WHERE tenant_id = $1 AND session_id = $2 AND seq <= $3
+ORDER BY seq;
+
+-- name: journal_store_payloads
+-- The sealed payloads of a batch's continuation records (after the records: the foreign key).
+INSERT INTO journal.continuation_payloads (tenant_id, session_id, seq, key_id, nonce, ciphertext, expires_at)
+SELECT $1, $2, p.seq, p.key_id, p.nonce, p.ciphertext, p.expires_at
+FROM unnest($3::integer[], $4::text[], $5::bytea[], $6::bytea[], $7::timestamptz[])
+    AS p(seq, key_id, nonce, ciphertext, expires_at);
+
+-- name: journal_read_payload
+-- One continuation's sealed payload, unless it has expired by the database clock.
+SELECT key_id, nonce, ciphertext
+FROM journal.continuation_payloads
+WHERE tenant_id = $1 AND session_id = $2 AND seq = $3 AND expires_at > clock_timestamp();
+
+-- name: journal_purge_payloads
+-- Retention (owner, maintenance scope): payloads past their expiry; their records (metadata) stay.
+DELETE FROM journal.continuation_payloads
+WHERE expires_at <= statement_timestamp();

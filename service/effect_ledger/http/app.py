@@ -32,6 +32,7 @@ from effect_ledger.http.executor import ExecutorController
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.journal import JournalController
+from effect_ledger.http.journal_continuations import load_key_ring
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
@@ -116,6 +117,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.migration_head = head_revision()
     app.state.settings = settings
     app.state.approval_policy = parse_policy(settings.approval_policy)
+    app.state.journal_state_keys = load_key_ring(settings)
     return app
 
 
