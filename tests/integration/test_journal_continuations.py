@@ -24,6 +24,8 @@ from effect_ledger.db.maintenance import purge
 from effect_ledger.domain.journal_continuations import KeyRing, prefix_digest
 from effect_ledger.logs import configure_logging
 from effect_ledger.settings import Settings
+from support.auth import token
+from support.console import sign_in as console_sign_in
 from support.journal import WRITER, append, assistant, call, new_session, result, summary, user, who
 from support.server import Service
 
@@ -250,8 +252,11 @@ async def test_the_payload_is_in_no_other_response_no_log_line_and_no_row_in_cle
             bodies[name] = got.text
         read = json.loads(bodies["read"])["records"][3]
         assert (read["type"], read["payload"], read["covers_to_seq"]) == ("continuation", None, 3)
-        console = await client.get(f"/console/sessions/{sid}")  # signed out: a redirect, no content
+        await console_sign_in(client, token(sub="orch-1", scope="journal:write journal:read"))
+        console = await client.get(f"/console/sessions/{sid}")
+        assert console.status_code == 200 and sid in console.text
         bodies["console"] = console.text
+        client.cookies.clear()
         compatible = await client.get(f"/v1/sessions/{sid}/context", params=LABELS, headers=who(WRITER))
         assert compatible.json()["continuation"]["payload"] == MARKER
     for name, text in bodies.items():
