@@ -340,3 +340,14 @@ async def test_reopen_hands_back_a_compatible_continuation_or_says_why_not(
             assert (other.continuation, other.continuation_why_not) == (None, "model_class")
             unasked = await reopen(c, sid)
             assert (unasked.continuation, unasked.continuation_why_not) == (None, "not_requested")
+
+
+async def test_deleting_the_session_takes_the_payloads_with_it(client: httpx.AsyncClient, db_url: str) -> None:
+    sid = await seeded(client)
+    conn = await asyncpg.connect(db_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM journal.continuation_payloads") == 1
+        assert (await client.delete(f"/v1/sessions/{sid}", headers=who(WRITER))).status_code == 204
+        assert await conn.fetchval("SELECT count(*) FROM journal.continuation_payloads") == 0
+    finally:
+        await conn.close()
