@@ -25,8 +25,6 @@ def database(settings: Settings, *, run_migrations: bool) -> Iterator[Settings]:
     if not settings.database_url:
         server, url = start_embedded(settings.data_path)
         settings = settings.with_database(url)
-        if not settings.journal_state_key_file:
-            settings = replace(settings, journal_state_key_file=str(dev_state_key(settings.data_path)))
     try:
         if run_migrations:
             asyncio.run(migrate(settings))
@@ -41,6 +39,15 @@ def with_jwt_secret(settings: Settings) -> Settings:
     if settings.jwt_algorithm == "HS256" and not settings.jwt_secret:
         return replace(settings, jwt_secret=dev_jwt_secret(settings.data_path))
     return settings
+
+
+def with_state_key(settings: Settings) -> Settings:
+    """Without JOURNAL_STATE_KEY_FILE, `serve` uses (and creates) a key ring in the data directory, as it
+    does the development JWT secret: every worker of this machine shares it; the database never sees it.
+    Production sets the file (docs/journal.md: several machines need the same ring)."""
+    if settings.journal_state_key_file:
+        return settings
+    return replace(settings, journal_state_key_file=str(dev_state_key(settings.data_path)))
 
 
 def export_settings(settings: Settings) -> None:

@@ -133,7 +133,7 @@ class Settings:
     journal_state_key_file: str | None = setting(
         None,
         "AES-256-GCM key ring sealing continuation payloads (`key_id:base64` a line, the first seals); "
-        "absent: created in the data directory with the embedded database, else continuations are refused",
+        "absent: `serve` creates one in the data directory (set it when several machines serve)",
         READABLE_FILE,
     )
     journal_max_records: int = setting(1000, "records per journal session (API.md section 12)", at_least(1))

@@ -307,11 +307,17 @@ async def test_rotation_and_retention(settings: Settings, key_file: Path, db_url
     assert reasons == {5: "unreadable", 6: "expired"}
 
 
-async def test_without_a_key_continuations_are_refused(client: httpx.AsyncClient, settings: Settings) -> None:
-    async with Service(settings) as bare, bare.client() as http:
-        sid = await new_session(http)
-        r = await append(http, sid, 0, [user(), continuation(1)])
-        assert r.status_code == 422 and r.json()["code"] == "validation_failed"
+async def test_without_a_key_file_a_process_key_seals_and_a_restart_cannot_open(settings: Settings) -> None:
+    """An app built without JOURNAL_STATE_KEY_FILE (serve always has one) seals with a key of its own
+    process: the payload is handed back while it runs, and reported unreadable after a restart."""
+    assert settings.journal_state_key_file is None
+    async with Service(settings) as first, first.client() as http:
+        sid = await seeded(http)
+        assert (await context(http, sid, **LABELS))["continuation"]["payload"] == MARKER
+    async with Service(settings) as second, second.client() as http:
+        answer = await context(http, sid, **LABELS)
+    assert answer["continuation"] is None
+    assert answer["omitted"]["continuations"] == [{"seq": 5, "reason": "unreadable"}]
 
 
 async def test_reopen_hands_back_a_compatible_continuation_or_says_why_not(
@@ -342,7 +348,9 @@ async def test_reopen_hands_back_a_compatible_continuation_or_says_why_not(
             assert (unasked.continuation, unasked.continuation_why_not) == (None, "not_requested")
 
 
-async def test_deleting_the_session_takes_the_payloads_with_it(client: httpx.AsyncClient, db_url: str) -> None:
+async def test_deleting_the_session_takes_the_payloads_with_it(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
     sid = await seeded(client)
     conn = await asyncpg.connect(db_url)
     try:
@@ -351,3 +359,17 @@ async def test_deleting_the_session_takes_the_payloads_with_it(client: httpx.Asy
         assert await conn.fetchval("SELECT count(*) FROM journal.continuation_payloads") == 0
     finally:
         await conn.close()
+
+
+def test_serve_keeps_its_key_ring_in_the_data_directory(tmp_path: Path) -> None:
+    from effect_ledger.runtime import with_state_key
+
+    first = with_state_key(Settings(data_dir=str(tmp_path)))
+    path = Path(first.journal_state_key_file or "")
+    assert path == tmp_path.resolve() / "journal-state.key" and path.stat().st_mode & 0o777 == 0o600
+    text = path.read_text()
+    assert KeyRing.parse(text).active == "k1"
+    again = with_state_key(Settings(data_dir=str(tmp_path)))  # a restart (or another worker): the same ring
+    assert again.journal_state_key_file == first.journal_state_key_file and path.read_text() == text
+    given = Settings(data_dir=str(tmp_path), journal_state_key_file=str(path))
+    assert with_state_key(given) is given

@@ -63,7 +63,10 @@ def dev_state_key(data_dir: Path) -> Path:
     path = data_dir / STATE_KEY_FILE
     data_dir.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it first: use theirs
+            return path
         with os.fdopen(fd, "w") as handle:
             handle.write(KeyRing.new_line("k1"))
     return path

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import structlog
 from litestar import Request
 
 from effect_ledger.db.journal import SessionSnapshot
@@ -32,22 +33,26 @@ from effect_ledger.http.paging import QueryProblems
 from effect_ledger.settings import Settings
 
 CONTEXT_PARAMS = ("max_records", "max_bytes", *MATCHED_FIELDS)
+log = structlog.get_logger("effect_ledger.journal")
 
 
-def load_key_ring(settings: Settings) -> KeyRing | None:
-    """The key ring of JOURNAL_STATE_KEY_FILE, or None when none is configured (continuations refused)."""
-    if not settings.journal_state_key_file:
-        return None
-    return KeyRing.parse(Path(settings.journal_state_key_file).expanduser().read_text())
+def load_key_ring(settings: Settings) -> KeyRing:
+    """The key ring of JOURNAL_STATE_KEY_FILE (`serve` creates one in the data directory when unset).
+    An app built without one (embedded in another program) seals with a key of this process only: its
+    payloads stop opening when the process ends (reported `unreadable`), and a warning says so."""
+    if settings.journal_state_key_file:
+        return KeyRing.parse(Path(settings.journal_state_key_file).expanduser().read_text())
+    log.warning("journal_state_key_ephemeral", setting="EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE")
+    return KeyRing.parse(KeyRing.new_line("process"))
 
 
-def key_ring_of(request: Request[Any, Any, Any]) -> KeyRing | None:
+def key_ring_of(request: Request[Any, Any, Any]) -> KeyRing:
     """The process's key ring."""
-    ring: KeyRing | None = request.app.state.journal_state_keys
+    ring: KeyRing = request.app.state.journal_state_keys
     return ring
 
 
-def take_payloads(records: list[dict[str, Any]], ring: KeyRing | None) -> Payloads | None:
+def take_payloads(records: list[dict[str, Any]], ring: KeyRing) -> Payloads | None:
     """Take each continuation's payload out of its record (which is stored with `"payload": null`),
     decoded; 422 for a payload that is not base64 or over 64 KiB, or an unreadable expires_at."""
     taken: dict[int, bytes] = {}
@@ -61,15 +66,12 @@ def take_payloads(records: list[dict[str, Any]], ring: KeyRing | None) -> Payloa
             errors.append((f"records[{index}].payload", "must be base64 of at most 64 KiB"))
         if expiry_of(record) is None:
             errors.append((f"records[{index}].expires_at", "must be an RFC 3339 timestamp with an offset"))
-        if ring is None:
-            errors.append((f"records[{index}]", "this service keeps no continuation state (no key file)"))
         if raw is not None:
             taken[index] = raw
     if errors:
         raise validation_failed(errors)
     if not taken:
         return None
-    assert ring is not None
     return Payloads(ring, taken)
 
 
