@@ -16,6 +16,7 @@ import pytest
 
 from effect_ledger.db.maintenance import purge, sweep
 from effect_ledger.domain.approvals import PolicyError, chain_holds, parse_policy
+from effect_ledger.http.metrics import Metrics
 from effect_ledger.settings import Settings, SettingsError
 from support.auth import auth
 from support.ledger import REASON, call, claim, get
@@ -324,7 +325,10 @@ async def test_maintenance_expires_and_drops_stored_intents(
 ) -> None:
     apr = await required(client, "pay-p")
     await owner(db_url, "UPDATE ledger.approvals SET expires_at = clock_timestamp() - interval '1 second'")
-    assert (await sweep(settings)).counts["approvals_expired"] == 1
+    metrics = Metrics()
+    assert (await sweep(settings, metrics)).counts["approvals_expired"] == 1
+    assert b'effect_ledger_approvals_total{event="expired"} 1.0' in metrics.render()
+    metrics.close()
     chain = await events_of(client, f"/v1/approvals/{apr['approval_id']}/events")
     assert [e["kind"] for e in chain] == ["requested", "expired"] and chain_holds(chain)
     assert (await purge(settings)).counts["approval_intents"] == 1

@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import asyncpg
 
@@ -22,6 +22,7 @@ from effect_ledger.domain.errors import LedgerError, not_found
 from effect_ledger.domain.timefmt import format_ts
 
 
+@runtime_checkable
 class ApprovalObserver(Protocol):
     """Told of every approval event once committed (metrics: effect_ledger_approvals_total{event})."""
 

@@ -131,7 +131,11 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerO
             if found < batch_size or swept == 0:
                 break
         # Approvals (section 15): expiry by the database clock is recorded as an event, here too.
-        result.counts["approvals_expired"] = await approvals.expire_due(conn, batch_size)
+        expired = await approvals.expire_due(conn, batch_size)
+        result.counts["approvals_expired"] = expired
+        if isinstance(observer, approvals.ApprovalObserver):  # the metrics, when serve runs the sweep
+            for _ in range(expired):
+                observer.approval_event("expired")
     return result
 
 
