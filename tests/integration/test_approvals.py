@@ -22,6 +22,10 @@ from support.auth import auth
 from support.ledger import REASON, call, claim, get
 from support.server import Service
 
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
+
 POLICY = {
     "default": [{"tool": "charge", "required": 1, "ttl_seconds": 600}],
     "tenants": {"t2": [{"tool": "charge*", "required": 2}]},
@@ -189,7 +193,7 @@ async def test_denied_expired_and_revoked_approvals_never_let_a_claim_through(
     await decide(client, expiring["approval_id"], "approve")
     await owner(
         db_url,
-        "UPDATE ledger.approvals SET expires_at = clock_timestamp() - interval '1 second' WHERE approval_id = $1",
+        "UPDATE ledger.approvals SET expires_at = statement_timestamp() - interval '1 second' WHERE approval_id = $1",
         expiring["approval_id"],
     )
     view = (await get(client, f"/v1/approvals/{expiring['approval_id']}", **APPROVER)).json()
@@ -324,7 +328,9 @@ async def test_maintenance_expires_and_drops_stored_intents(
     client: httpx.AsyncClient, settings: Settings, db_url: str
 ) -> None:
     apr = await required(client, "pay-p")
-    await owner(db_url, "UPDATE ledger.approvals SET expires_at = clock_timestamp() - interval '1 second'")
+    await owner(
+        db_url, "UPDATE ledger.approvals SET expires_at = statement_timestamp() - interval '1 second'"
+    )
     metrics = Metrics()
     assert (await sweep(settings, metrics)).counts["approvals_expired"] == 1
     assert b'effect_ledger_approvals_total{event="expired"} 1.0' in metrics.render()

@@ -29,6 +29,10 @@ from support.console import sign_in as console_sign_in
 from support.journal import WRITER, append, assistant, call, new_session, result, summary, user, who
 from support.server import Service
 
+# Run again on a Citus cluster by the Citus lane of .ci/run (pytest -m storage).
+pytestmark = pytest.mark.storage
+
+
 PAYLOAD = b"opaque-provider-state:" + secrets.token_bytes(48)
 MARKER = base64.b64encode(PAYLOAD).decode()
 LABELS = {"provider": "acme", "adapter": "acme-py/3", "account": "acct-1", "model_class": "large"}

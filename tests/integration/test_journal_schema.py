@@ -84,6 +84,7 @@ async def test_citus_distributes_sessions_and_records_with_the_ledger(db_url: st
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [
+        ("journal.continuation_payloads", "tenant_id", True),
         ("journal.records", "tenant_id", True),
         ("journal.sessions", "tenant_id", True),
     ]

@@ -564,11 +564,15 @@ WHERE tenant_id = $1 AND session_id = $2 AND seq <= $3
 ORDER BY seq;
 
 -- name: journal_store_payloads
--- The sealed payloads of a batch's continuation records (after the records: the foreign key).
+-- The sealed payloads of a batch's continuation records, joined to their records (just inserted: the
+-- foreign key). Selecting from journal.records on the tenant keeps it one co-located shard on Citus,
+-- which refuses an INSERT ... SELECT from a function alone into a table with row-level security.
 INSERT INTO journal.continuation_payloads (tenant_id, session_id, seq, key_id, nonce, ciphertext, expires_at)
-SELECT $1, $2, p.seq, p.key_id, p.nonce, p.ciphertext, p.expires_at
-FROM unnest($3::integer[], $4::text[], $5::bytea[], $6::bytea[], $7::timestamptz[])
-    AS p(seq, key_id, nonce, ciphertext, expires_at);
+SELECT r.tenant_id, r.session_id, r.seq, p.key_id, p.nonce, p.ciphertext, p.expires_at
+FROM journal.records AS r
+JOIN unnest($3::integer[], $4::text[], $5::bytea[], $6::bytea[], $7::timestamptz[])
+    AS p(seq, key_id, nonce, ciphertext, expires_at) ON p.seq = r.seq
+WHERE r.tenant_id = $1 AND r.session_id = $2;
 
 -- name: journal_read_payload
 -- One continuation's sealed payload, unless it has expired by the database clock.

@@ -34,16 +34,17 @@ from effect_ledger.settings import Settings
 
 CONTEXT_PARAMS = ("max_records", "max_bytes", *MATCHED_FIELDS)
 log = structlog.get_logger("effect_ledger.journal")
+EPHEMERAL_KEY_ID = "process"  # the key of an app built without JOURNAL_STATE_KEY_FILE
 
 
 def load_key_ring(settings: Settings) -> KeyRing:
     """The key ring of JOURNAL_STATE_KEY_FILE (`serve` creates one in the data directory when unset).
     An app built without one (embedded in another program) seals with a key of this process only: its
-    payloads stop opening when the process ends (reported `unreadable`), and a warning says so."""
+    payloads stop opening when the process ends (reported `unreadable`), and each append that seals
+    with it logs a warning saying so."""
     if settings.journal_state_key_file:
         return KeyRing.parse(Path(settings.journal_state_key_file).expanduser().read_text())
-    log.warning("journal_state_key_ephemeral", setting="EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE")
-    return KeyRing.parse(KeyRing.new_line("process"))
+    return KeyRing.parse(KeyRing.new_line(EPHEMERAL_KEY_ID))
 
 
 def key_ring_of(request: Request[Any, Any, Any]) -> KeyRing:
@@ -72,6 +73,8 @@ def take_payloads(records: list[dict[str, Any]], ring: KeyRing) -> Payloads | No
         raise validation_failed(errors)
     if not taken:
         return None
+    if ring.active == EPHEMERAL_KEY_ID:
+        log.warning("journal_state_key_ephemeral", setting="EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE")
     return Payloads(ring, taken)
 
 
