@@ -102,6 +102,279 @@ BEGIN
 END
 $$;
 
+CREATE TABLE ledger.approvals (
+    tenant_id text NOT NULL,
+    approval_id text NOT NULL,
+    operation_id text NOT NULL,
+    principal text NOT NULL,
+    tool text NOT NULL,
+    tool_version text NOT NULL,
+    intent_digest text NOT NULL,
+    intent jsonb,
+    note text,
+    status text NOT NULL,
+    required integer NOT NULL,
+    decisions jsonb NOT NULL,
+    requested_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    consumed_by_attempt integer,
+    chain_seq integer NOT NULL,
+    chain_hash text NOT NULL,
+    CONSTRAINT approvals_approval_id_check CHECK ((approval_id ~ '^apr_[0-9a-f]{32}$'::text)),
+    CONSTRAINT approvals_chain_hash_check CHECK ((chain_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT approvals_chain_seq_check CHECK ((chain_seq >= 1)),
+    CONSTRAINT approvals_intent_digest_check CHECK ((intent_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
+    CONSTRAINT approvals_note_check CHECK ((char_length(note) <= 2000)),
+    CONSTRAINT approvals_required_check CHECK (((required >= 1) AND (required <= 3))),
+    CONSTRAINT approvals_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'revoked'::text, 'expired'::text, 'consumed'::text])))
+);
+
+ALTER TABLE ONLY ledger.approvals FORCE ROW LEVEL SECURITY;
+
+CREATE FUNCTION ledger.approval_append(a ledger.approvals, events jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    e record;
+BEGIN
+    FOR e IN
+        SELECT * FROM jsonb_to_recordset(events) AS r(
+            seq integer, at timestamptz, kind text, actor text, data jsonb, prev_hash text, hash text)
+    LOOP
+        INSERT INTO ledger.approval_events (tenant_id, approval_id, seq, at, kind, actor, data, prev_hash, hash)
+        VALUES (a.tenant_id, a.approval_id, e.seq, e.at, e.kind, e.actor, e.data, e.prev_hash, e.hash);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION ledger.approval_decide(tenant text, approval_id text, actor text, decision text, reason text, OUT outcome text, OUT approval ledger.approvals, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    prior jsonb;
+    now timestamptz;
+    yes_count integer;
+    gone boolean := false;
+BEGIN
+    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
+    events := '[]';
+    SELECT * INTO approval FROM ledger.approvals AS a
+    WHERE a.tenant_id = approval_decide.tenant AND a.approval_id = approval_decide.approval_id
+    FOR UPDATE;
+    db_now := clock_timestamp();
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    CALL ledger.approval_expire_if_due(approval, db_now, gone);
+    IF approval.principal = actor THEN
+        outcome := 'forbidden';
+        RETURN;
+    END IF;
+    SELECT d INTO prior FROM jsonb_array_elements(approval.decisions) AS d WHERE d ->> 'by' = actor;
+    IF prior IS NOT NULL THEN
+        outcome := CASE WHEN prior ->> 'decision' = decision THEN 'unchanged' ELSE 'conflicting_outcome' END;
+        RETURN;
+    END IF;
+    IF approval.status <> 'pending' THEN
+        outcome := 'invalid_transition';
+        RETURN;
+    END IF;
+    now := date_trunc('milliseconds', db_now);
+    approval.decisions := approval.decisions || jsonb_build_array(jsonb_build_object(
+        'by', actor, 'decision', decision, 'reason', reason, 'at', ledger.ts_text(now)));
+    SELECT count(*) INTO yes_count FROM jsonb_array_elements(approval.decisions) AS d
+    WHERE d ->> 'decision' = 'approve';
+    IF decision = 'deny' THEN
+        approval.status := 'denied';
+    ELSIF yes_count >= approval.required THEN
+        approval.status := 'approved';
+    END IF;
+    CALL ledger.approval_event(approval, events, now, CASE decision WHEN 'deny' THEN 'denied' ELSE 'approved' END,
+        actor, '{"approvals":' || yes_count::text || ',"reason":' || ledger.jcs_string(reason)
+        || ',"required":' || approval.required::text || ',"status":' || ledger.jcs_string(approval.status) || '}');
+    PERFORM ledger.approval_write(approval, events);
+    outcome := 'decided';
+END
+$$;
+
+CREATE PROCEDURE ledger.approval_event(INOUT a ledger.approvals, INOUT events jsonb, IN event_at timestamp with time zone, IN kind text, IN actor text, IN data text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seq integer := COALESCE(a.chain_seq, 0) + 1;
+    prev text := COALESCE(a.chain_hash, repeat('0', 64));
+    content text := '{"actor":' || ledger.jcs_string(actor)
+        || ',"approval_id":' || ledger.jcs_string(a.approval_id)
+        || ',"at":' || ledger.jcs_string(ledger.ts_text(event_at)) || ',"data":' || data
+        || ',"kind":' || ledger.jcs_string(kind) || ',"seq":' || seq::text || '}';
+    digest text := encode(sha256(convert_to(prev || E'\n' || content, 'UTF8')), 'hex');
+BEGIN
+    events := events || jsonb_build_object(
+        'seq', seq, 'at', event_at, 'kind', kind, 'actor', actor, 'data', data::jsonb,
+        'prev_hash', prev, 'hash', digest);
+    a.chain_seq := seq;
+    a.chain_hash := digest;
+    a.updated_at := event_at;
+END
+$$;
+
+CREATE PROCEDURE ledger.approval_expire_if_due(INOUT a ledger.approvals, IN clock timestamp with time zone, INOUT expired boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    events jsonb := '[]';
+BEGIN
+    expired := a.status IN ('pending', 'approved', 'denied') AND a.expires_at <= clock;
+    IF expired THEN
+        a.status := 'expired';
+        CALL ledger.approval_event(a, events, date_trunc('milliseconds', clock), 'expired', 'effect-ledger',
+            '{"expires_at":' || ledger.jcs_string(ledger.ts_text(a.expires_at)) || '}');
+        PERFORM ledger.approval_write(a, events);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION ledger.approval_gate(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, policy jsonb, new_id boolean, attempt integer, clock timestamp with time zone, OUT outcome text, OUT approval ledger.approvals, OUT events jsonb, OUT chain_data text) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now timestamptz := date_trunc('milliseconds', clock);
+    found_live boolean;
+    gone boolean := false;
+BEGIN
+    FOR round IN 1..3 LOOP
+        events := '[]';
+        -- FOR UPDATE: concurrent claims of one approval queue here; a waiter re-reads the row after
+        -- the holder commits and skips it if it is no longer live (consumed, say).
+        SELECT * INTO approval FROM ledger.approvals AS a
+        WHERE a.tenant_id = approval_gate.tenant AND a.operation_id = approval_gate.operation_id
+          AND a.principal = approval_gate.principal AND a.tool = approval_gate.tool
+          AND a.tool_version = approval_gate.tool_version AND a.intent_digest = approval_gate.intent_digest
+          AND a.status IN ('pending', 'approved', 'denied')
+        FOR UPDATE;
+        found_live := FOUND;
+        IF found_live THEN
+            CALL ledger.approval_expire_if_due(approval, clock, gone);
+            found_live := NOT gone;
+        END IF;
+        IF found_live THEN
+            IF approval.status = 'approved' THEN
+                approval.status := 'consumed';
+                approval.consumed_by_attempt := attempt;
+                CALL ledger.approval_event(approval, events, now, 'consumed', principal,
+                    '{"attempt":' || attempt::text
+                    || ',"operation_id":' || ledger.jcs_string(operation_id) || '}');
+                chain_data := '"approval":{"approval_id":' || ledger.jcs_string(approval.approval_id)
+                    || ',"approvers":' || ledger.approvers_jcs(approval.decisions) || '}';
+                outcome := 'approved';
+            ELSIF approval.status = 'denied' THEN
+                outcome := 'approval_denied';
+            ELSE
+                outcome := 'approval_required';
+            END IF;
+            RETURN;
+        END IF;
+        IF new_id AND EXISTS (SELECT 1 FROM ledger.operations AS o
+                              WHERE o.tenant_id = approval_gate.tenant
+                                AND o.operation_id = approval_gate.operation_id) THEN
+            outcome := 'retry';
+            RETURN;
+        END IF;
+        -- No live request: request one (the first concurrent claim's insert wins; the others lock it).
+        approval := NULL;
+        approval.tenant_id := tenant;
+        approval.approval_id := policy ->> 'approval_id';
+        approval.operation_id := operation_id;
+        approval.principal := principal;
+        approval.tool := tool;
+        approval.tool_version := tool_version;
+        approval.intent_digest := intent_digest;
+        approval.intent := policy -> 'intent';  -- absent when the claim sent only intent_digest
+        approval.note := policy ->> 'note';
+        approval.status := 'pending';
+        approval.required := (policy ->> 'required')::integer;
+        approval.decisions := '[]';
+        approval.requested_at := now;
+        approval.expires_at := now + make_interval(secs => (policy ->> 'ttl_seconds')::integer);
+        CALL ledger.approval_event(approval, events, now, 'requested', principal,
+            '{"expires_at":' || ledger.jcs_string(ledger.ts_text(approval.expires_at))
+            || ',"intent_digest":' || ledger.jcs_string(intent_digest)
+            || ',"operation_id":' || ledger.jcs_string(operation_id)
+            || ',"required":' || approval.required::text
+            || ',"tool":' || ledger.jcs_string(tool)
+            || ',"tool_version":' || ledger.jcs_string(tool_version) || '}');
+        INSERT INTO ledger.approvals SELECT approval.* ON CONFLICT DO NOTHING;
+        -- Who won: as ledger.claim, by looking for our (random) ID, not by FOUND (Citus).
+        IF EXISTS (SELECT 1 FROM ledger.approvals AS a
+                   WHERE a.tenant_id = approval_gate.tenant AND a.approval_id = approval.approval_id) THEN
+            PERFORM ledger.approval_append(approval, events);
+            events := '[]';
+            outcome := 'approval_required';
+            RETURN;
+        END IF;
+    END LOOP;
+    outcome := 'retry';
+    approval := NULL;
+END
+$$;
+
+CREATE FUNCTION ledger.approval_revoke(tenant text, approval_id text, actor text, reason text, OUT outcome text, OUT approval ledger.approvals, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    gone boolean := false;
+BEGIN
+    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
+    events := '[]';
+    SELECT * INTO approval FROM ledger.approvals AS a
+    WHERE a.tenant_id = approval_revoke.tenant AND a.approval_id = approval_revoke.approval_id
+    FOR UPDATE;
+    db_now := clock_timestamp();
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    CALL ledger.approval_expire_if_due(approval, db_now, gone);
+    IF approval.status = 'consumed' THEN
+        outcome := 'invalid_transition';
+        RETURN;
+    END IF;
+    IF approval.status = 'revoked' THEN
+        outcome := 'unchanged';
+        RETURN;
+    END IF;
+    approval.status := 'revoked';
+    CALL ledger.approval_event(approval, events, date_trunc('milliseconds', db_now), 'revoked', actor,
+        '{"reason":' || ledger.jcs_string(reason) || '}');
+    PERFORM ledger.approval_write(approval, events);
+    outcome := 'revoked';
+END
+$$;
+
+CREATE FUNCTION ledger.approval_write(a ledger.approvals, events jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE ledger.approvals AS t SET
+        (status, decisions, updated_at, consumed_by_attempt, chain_seq, chain_hash)
+      = (a.status, a.decisions, a.updated_at, a.consumed_by_attempt, a.chain_seq, a.chain_hash)
+    WHERE t.tenant_id = a.tenant_id AND t.approval_id = a.approval_id;
+    IF jsonb_array_length(events) > 0 THEN
+        PERFORM ledger.approval_append(a, events);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION ledger.approvers_jcs(decisions jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT '[' || COALESCE(string_agg(to_json(d ->> 'by')::text, ',' ORDER BY n), '') || ']'
+    FROM jsonb_array_elements(decisions) WITH ORDINALITY AS x(d, n)
+    WHERE d ->> 'decision' = 'approve'
+$$;
+
 CREATE PROCEDURE ledger.chain_event(INOUT o ledger.operations, INOUT events jsonb, IN event_at timestamp with time zone, IN kind text, IN actor text, IN from_status text, IN to_status text, IN data text)
     LANGUAGE plpgsql
     AS $$
@@ -123,18 +396,45 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.claim(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean, effect_ref text, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
+CREATE FUNCTION ledger.claim(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean, effect_ref text, approval_policy jsonb, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb, OUT approval ledger.approvals) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
     now timestamptz;
     won boolean;
+    -- [approvals] the gate's answer for the attempt about to be granted (NULL: ungated)
+    gate record;
+    gate_outcome text;
+    approval_data text;
+    -- [/approvals]
 BEGIN
     PERFORM set_config('effect_ledger.tenant', tenant, true);
     FOR round IN 1..3 LOOP
         events := '[]';
         db_now := clock_timestamp();
         now := date_trunc('milliseconds', db_now);
+        -- [approvals] A new ID under a policy needs its yes before the insert (no operation is created
+        -- without one). An existing ID skips this: its verdict comes first, below.
+        gate_outcome := NULL;
+        approval_data := '';
+        IF approval_policy IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM ledger.operations AS o
+                           WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
+            SELECT g.* INTO gate FROM ledger.approval_gate(
+                tenant, operation_id, principal, tool, tool_version, intent_digest,
+                approval_policy, true, 1, db_now) AS g;
+            gate_outcome := gate.outcome;
+            approval_data := gate.chain_data;
+            CONTINUE WHEN gate_outcome = 'retry';
+            IF gate_outcome <> 'approved' THEN
+                outcome := gate_outcome;
+                approval := gate.approval;
+                op := NULL;
+                RETURN;
+            END IF;
+            approval_data := approval_data || ',';
+        END IF;
+        -- [/approvals]
         op := NULL;
         op.tenant_id := tenant;
         op.operation_id := operation_id;
@@ -148,7 +448,8 @@ BEGIN
         op.chain_hash := repeat('0', 64);  -- the genesis hash: `claimed` is seq 1
         CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
         CALL ledger.chain_event(op, events, now, 'claimed', principal, NULL, 'pending',
-            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at)) || '}');
+            '{' || approval_data  -- [approvals] "approval":{...}, first in JCS order
+            || '"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at)) || '}');
         IF submit THEN
             CALL ledger.submit_state(op, events, now, effect_ref, NULL);
         END IF;
@@ -161,10 +462,18 @@ BEGIN
                          AND o.claim_token_hash = claim.token_hash);
         IF won THEN
             PERFORM ledger.append_events(op, events);
+            -- [approvals] consumed by this attempt, in this transaction
+            IF gate_outcome = 'approved' THEN
+                PERFORM ledger.approval_write(gate.approval, gate.events);
+                approval := gate.approval;
+            END IF;
+            -- [/approvals]
             outcome := 'created';
             RETURN;
         END IF;
         events := '[]';
+        gate_outcome := NULL;  -- [approvals] lost the insert: the approval stays unconsumed
+        approval_data := '';
         SELECT * INTO op FROM ledger.operations AS o
         WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
         CONTINUE WHEN NOT FOUND;  -- purged since our insert conflicted: insert again
@@ -182,6 +491,21 @@ BEGIN
         IF outcome <> 'new_attempt' THEN
             RETURN;
         END IF;
+        -- [approvals] a new attempt of an existing ID under a policy: the gate, under the row lock
+        IF approval_policy IS NOT NULL THEN
+            SELECT g.* INTO gate FROM ledger.approval_gate(
+                tenant, operation_id, principal, tool, tool_version, intent_digest,
+                approval_policy, false, op.attempt + 1, db_now) AS g;
+            gate_outcome := gate.outcome;
+            approval_data := gate.chain_data;
+            IF gate_outcome <> 'approved' THEN
+                outcome := CASE gate_outcome WHEN 'retry' THEN 'vanished' ELSE gate_outcome END;
+                approval := gate.approval;
+                RETURN;
+            END IF;
+            approval_data := approval_data || ',';
+        END IF;
+        -- [/approvals]
         now := date_trunc('milliseconds', db_now);
         DECLARE
             previous_status text := op.status;
@@ -190,13 +514,20 @@ BEGIN
             op.attempt := op.attempt + 1;
             CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
             CALL ledger.chain_event(op, events, now, 'reclaimed', principal, previous_status, 'pending',
-                '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at))
+                '{' || approval_data  -- [approvals]
+                || '"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at))
                 || ',"previous_attempt":' || previous_attempt::text || '}');
         END;
         IF submit THEN
             CALL ledger.submit_state(op, events, now, effect_ref, NULL);
         END IF;
         PERFORM ledger.write_change(op, events);
+        -- [approvals]
+        IF gate_outcome = 'approved' THEN
+            PERFORM ledger.approval_write(gate.approval, gate.events);
+            approval := gate.approval;
+        END IF;
+        -- [/approvals]
         RETURN;
     END LOOP;
     outcome := 'vanished';
@@ -296,6 +627,33 @@ CREATE FUNCTION ledger.effective_status(o ledger.operations, clock timestamp wit
     AS $$
     SELECT CASE WHEN o.status = 'submitted' AND NOT COALESCE(o.lease_expires_at > clock, false)
                 THEN 'unknown' ELSE o.status END
+$$;
+
+CREATE FUNCTION ledger.expire_approvals(tenant text, batch integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    a ledger.approvals;
+    gone boolean;
+    n integer := 0;
+BEGIN
+    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
+    FOR a IN
+        SELECT * FROM ledger.approvals AS t
+        WHERE t.tenant_id = expire_approvals.tenant AND t.status IN ('pending', 'approved', 'denied')
+          AND t.expires_at <= clock_timestamp()
+        ORDER BY t.expires_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        gone := false;
+        CALL ledger.approval_expire_if_due(a, clock_timestamp(), gone);
+        IF gone THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
 $$;
 
 CREATE PROCEDURE ledger.expire_if_due(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone)
@@ -637,6 +995,21 @@ CREATE TABLE diagnostics.incidents (
 
 ALTER TABLE ONLY diagnostics.incidents FORCE ROW LEVEL SECURITY;
 
+CREATE TABLE journal.continuation_payloads (
+    tenant_id text NOT NULL,
+    session_id text NOT NULL,
+    seq integer NOT NULL,
+    key_id text NOT NULL,
+    nonce bytea NOT NULL,
+    ciphertext bytea NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT continuation_payloads_key_id_check CHECK ((key_id ~ '^[A-Za-z0-9._-]{1,64}$'::text)),
+    CONSTRAINT continuation_payloads_nonce_check CHECK ((octet_length(nonce) = 12)),
+    CONSTRAINT continuation_payloads_seq_check CHECK ((seq >= 1))
+);
+
+ALTER TABLE ONLY journal.continuation_payloads FORCE ROW LEVEL SECURITY;
+
 CREATE TABLE journal.records (
     tenant_id text NOT NULL,
     session_id text NOT NULL,
@@ -671,6 +1044,24 @@ CREATE TABLE journal.sessions (
 );
 
 ALTER TABLE ONLY journal.sessions FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE ledger.approval_events (
+    tenant_id text NOT NULL,
+    approval_id text NOT NULL,
+    seq integer NOT NULL,
+    at timestamp with time zone NOT NULL,
+    kind text NOT NULL,
+    actor text NOT NULL,
+    data jsonb NOT NULL,
+    prev_hash text NOT NULL,
+    hash text NOT NULL,
+    CONSTRAINT approval_events_hash_check CHECK ((hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT approval_events_kind_check CHECK ((kind = ANY (ARRAY['requested'::text, 'approved'::text, 'denied'::text, 'revoked'::text, 'expired'::text, 'consumed'::text]))),
+    CONSTRAINT approval_events_prev_hash_check CHECK ((prev_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT approval_events_seq_check CHECK ((seq >= 1))
+);
+
+ALTER TABLE ONLY ledger.approval_events FORCE ROW LEVEL SECURITY;
 
 CREATE TABLE ledger.events (
     tenant_id text NOT NULL,
@@ -760,11 +1151,20 @@ ALTER TABLE ONLY diagnostics.incidents
 ALTER TABLE ONLY diagnostics.incidents
     ADD CONSTRAINT incidents_report_once UNIQUE (tenant_id, principal, report_key);
 
+ALTER TABLE ONLY journal.continuation_payloads
+    ADD CONSTRAINT continuation_payloads_pkey PRIMARY KEY (tenant_id, session_id, seq);
+
 ALTER TABLE ONLY journal.records
     ADD CONSTRAINT records_pkey PRIMARY KEY (tenant_id, session_id, seq);
 
 ALTER TABLE ONLY journal.sessions
     ADD CONSTRAINT sessions_pkey PRIMARY KEY (tenant_id, session_id);
+
+ALTER TABLE ONLY ledger.approval_events
+    ADD CONSTRAINT approval_events_pkey PRIMARY KEY (tenant_id, approval_id, seq);
+
+ALTER TABLE ONLY ledger.approvals
+    ADD CONSTRAINT approvals_pkey PRIMARY KEY (tenant_id, approval_id);
 
 ALTER TABLE ONLY ledger.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (tenant_id, operation_id, seq);
@@ -793,7 +1193,15 @@ CREATE INDEX access_log_by_time ON diagnostics.access_log USING btree (tenant_id
 
 CREATE INDEX incidents_age ON diagnostics.incidents USING btree (created_at);
 
+CREATE INDEX continuation_payloads_expiry ON journal.continuation_payloads USING btree (expires_at);
+
 CREATE INDEX sessions_idle ON journal.sessions USING btree (updated_at);
+
+CREATE INDEX approvals_by_requested ON ledger.approvals USING btree (tenant_id, requested_at, approval_id);
+
+CREATE UNIQUE INDEX approvals_live_binding ON ledger.approvals USING btree (tenant_id, operation_id, principal, tool, tool_version, intent_digest) WHERE (status = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text]));
+
+CREATE INDEX approvals_stored_intent ON ledger.approvals USING btree (expires_at) WHERE (intent IS NOT NULL);
 
 CREATE INDEX operations_by_created ON ledger.operations USING btree (tenant_id, created_at, operation_id);
 
@@ -809,12 +1217,22 @@ CREATE INDEX operations_tombstones ON ledger.operations USING btree (updated_at)
 
 CREATE INDEX operations_unpositioned ON ledger.operations USING btree (tenant_id, resolved_at, operation_id) WHERE ((status = 'committed'::text) AND (feed_position IS NULL));
 
+CREATE TRIGGER approval_events_append_only BEFORE DELETE OR UPDATE ON ledger.approval_events FOR EACH ROW EXECUTE FUNCTION ledger.refuse_event_change();
+
+CREATE TRIGGER approval_events_no_truncate BEFORE TRUNCATE ON ledger.approval_events FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_event_change();
+
 CREATE TRIGGER events_append_only BEFORE DELETE OR UPDATE ON ledger.events FOR EACH ROW EXECUTE FUNCTION ledger.refuse_event_change();
 
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON ledger.events FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_event_change();
 
+ALTER TABLE ONLY journal.continuation_payloads
+    ADD CONSTRAINT continuation_payloads_tenant_id_session_id_seq_fkey FOREIGN KEY (tenant_id, session_id, seq) REFERENCES journal.records(tenant_id, session_id, seq) ON DELETE CASCADE;
+
 ALTER TABLE ONLY journal.records
     ADD CONSTRAINT records_tenant_id_session_id_fkey FOREIGN KEY (tenant_id, session_id) REFERENCES journal.sessions(tenant_id, session_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY ledger.approval_events
+    ADD CONSTRAINT approval_events_tenant_id_approval_id_fkey FOREIGN KEY (tenant_id, approval_id) REFERENCES ledger.approvals(tenant_id, approval_id);
 
 ALTER TABLE ONLY ledger.events
     ADD CONSTRAINT events_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES ledger.operations(tenant_id, operation_id);
@@ -831,6 +1249,10 @@ CREATE POLICY tenant_isolation ON diagnostics.access_log USING ((tenant_id = cur
 
 CREATE POLICY tenant_isolation ON diagnostics.incidents USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
+ALTER TABLE journal.continuation_payloads ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY maintenance ON journal.continuation_payloads TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
 CREATE POLICY maintenance ON journal.records TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON journal.sessions TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
@@ -839,9 +1261,15 @@ ALTER TABLE journal.records ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE journal.sessions ENABLE ROW LEVEL SECURITY;
 
+CREATE POLICY tenant_isolation ON journal.continuation_payloads USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
 CREATE POLICY tenant_isolation ON journal.records USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON journal.sessions USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+ALTER TABLE ledger.approval_events ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE ledger.approvals ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
 
@@ -854,6 +1282,10 @@ ALTER TABLE ledger.log_decisions ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ledger.log_state ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE ledger.log_tiles ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY maintenance ON ledger.approval_events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.approvals TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
@@ -870,6 +1302,10 @@ CREATE POLICY maintenance ON ledger.log_tiles TO postgres USING ((current_settin
 CREATE POLICY maintenance ON ledger.operations TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 ALTER TABLE ledger.operations ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY tenant_isolation ON ledger.approval_events USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.approvals USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON ledger.events USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
@@ -900,6 +1336,8 @@ GRANT ALL ON FUNCTION diagnostics.store_report(p_incident_id text, p_principal t
 
 GRANT SELECT,INSERT,UPDATE ON TABLE ledger.operations TO effect_ledger_runtime;
 
+GRANT SELECT,INSERT,UPDATE ON TABLE ledger.approvals TO effect_ledger_runtime;
+
 REVOKE ALL ON FUNCTION tenancy.bind_setting(name text, value text) FROM PUBLIC;
 GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_runtime;
 GRANT ALL ON FUNCTION tenancy.bind_setting(name text, value text) TO effect_ledger_diag_reader;
@@ -910,9 +1348,13 @@ GRANT INSERT ON TABLE diagnostics.access_log TO effect_ledger_diag_reader;
 GRANT INSERT ON TABLE diagnostics.incidents TO effect_ledger_runtime;
 GRANT SELECT ON TABLE diagnostics.incidents TO effect_ledger_diag_reader;
 
+GRANT SELECT,INSERT ON TABLE journal.continuation_payloads TO effect_ledger_runtime;
+
 GRANT SELECT,INSERT ON TABLE journal.records TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE journal.sessions TO effect_ledger_runtime;
+
+GRANT SELECT,INSERT ON TABLE ledger.approval_events TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
 

@@ -123,11 +123,17 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
-    from effect_ledger.runtime import database, export_settings, shared_rate_limits, with_jwt_secret
+    from effect_ledger.runtime import (
+        database,
+        export_settings,
+        shared_rate_limits,
+        with_jwt_secret,
+        with_state_key,
+    )
 
     configure_logging(settings.log_level, settings.log_format)
     configured = settings
-    settings = with_jwt_secret(settings)
+    settings = with_state_key(with_jwt_secret(settings))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal; turning that into a
     # normal exit lets the `with` below stop the embedded PostgreSQL and the process exit 0.
     signal.signal(signal.SIGTERM, _exit_quietly)

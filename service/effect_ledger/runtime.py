@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.db.embedded import dev_jwt_secret, start_embedded, stop_embedded
+from effect_ledger.db.embedded import dev_jwt_secret, dev_state_key, start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.http.ratelimit import create_shared_store
 from effect_ledger.settings import Settings
@@ -39,6 +39,15 @@ def with_jwt_secret(settings: Settings) -> Settings:
     if settings.jwt_algorithm == "HS256" and not settings.jwt_secret:
         return replace(settings, jwt_secret=dev_jwt_secret(settings.data_path))
     return settings
+
+
+def with_state_key(settings: Settings) -> Settings:
+    """Without JOURNAL_STATE_KEY_FILE, `serve` uses (and creates) a key ring in the data directory, as it
+    does the development JWT secret: every worker of this machine shares it; the database never sees it.
+    Production sets the file (docs/journal.md: several machines need the same ring)."""
+    if settings.journal_state_key_file:
+        return settings
+    return replace(settings, journal_state_key_file=str(dev_state_key(settings.data_path)))
 
 
 def export_settings(settings: Settings) -> None:

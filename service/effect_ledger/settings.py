@@ -129,6 +129,18 @@ class Settings:
     journal_retention_days: int = setting(
         90, "journal sessions unchanged for this many days are purged with their records", at_least(1)
     )
+    approval_policy: str | None = setting(
+        None,
+        'tools that need an approval (API.md section 15): JSON, or the path of a JSON file, `{"default": '
+        '[{"tool": glob, "required": 1..3, "ttl_seconds": 60..86400}], "tenants": {"t1": [...]}}`; '
+        "absent: none",
+    )
+    journal_state_key_file: str | None = setting(
+        None,
+        "AES-256-GCM key ring sealing continuation payloads (`key_id:base64` a line, the first seals); "
+        "absent: `serve` creates one in the data directory (set it when several machines serve)",
+        READABLE_FILE,
+    )
     journal_max_records: int = setting(1000, "records per journal session (API.md section 12)", at_least(1))
     journal_max_record_bytes: int = setting(
         16384, "UTF-8 bytes of one journal record in its JCS form", at_least(64)
@@ -278,6 +290,13 @@ class Settings:
         return cls(**values)  # __post_init__ checks the settings that bound each other
 
     def __post_init__(self) -> None:
+        if self.approval_policy is not None:
+            from effect_ledger.domain.approvals import PolicyError, parse_policy
+
+            try:
+                parse_policy(self.approval_policy)
+            except PolicyError as bad:
+                raise SettingsError([f"{PREFIX}APPROVAL_POLICY: {bad}"]) from None
         if self.tombstone_days < self.retention_days:
             raise SettingsError(
                 [

@@ -41,6 +41,16 @@ EXPECTED_ROWS = [
     ("auditor-1", r"verify measurement-a: 3 events, ok=True", "committed", "1"),
     ("auditor-1", r"measurement-b history: pending > submitted > unknown > committed", "committed", "1"),
     ("auditor-1", r"verify measurement-b: 4 events, ok=True", "committed", "1"),
+    # the approval step (API.md section 15): a charge waits for lead-1's yes; a cancelled run never runs
+    ("exec-1", r"claim charge-1 \(payments.charge\) -> 403 approval_required, wait", "-", "-"),
+    ("lead-1", r"pending: charge-1 from exec-1 \(note: over the automatic limit\)", "-", "-"),
+    ("lead-1", r"approve charge-1", "-", "-"),
+    ("exec-1", r"approval came: claim charge-1 -> execute", "pending", "1"),
+    ("exec-1", r"charge charge-1 once, commit ch_charge-1", "committed", "1"),
+    ("exec-1", r"claim charge-2 -> 403 approval_required, wait", "-", "-"),
+    ("exec-1", r"the run is cancelled while charge-2 waits for approval", "-", "-"),
+    ("lead-1", r"approve charge-2 \(too late: the run was cancelled\)", "-", "-"),
+    ("exec-1", r"charge-2: nothing claimed or charged; its approval stays approved", "-", "-"),
 ]
 
 
@@ -57,9 +67,10 @@ def test_demo_exits_0_and_prints_the_timeline() -> None:
         pattern = rf"^\S+  {re.escape(actor)}\s+{action}\s+{re.escape(status)}\s+{re.escape(attempt)}$"
         assert re.match(pattern, line), (pattern, line)
     assert "[FAILED]" not in result.stdout
-    assert result.stdout.count("[ok]") == 13
-    assert result.stdout.rstrip().endswith("result: all 13 expectations held")
+    assert result.stdout.count("[ok]") == 15
+    assert result.stdout.rstrip().endswith("result: all 15 expectations held")
     for held in (
+        "the run cancelled during its approval wait never executed, and left the approval unconsumed",
         "the unknown-effect branch reopened at revision 2 with B executed once; the plan says reconcile",
         "the completed comparison reopened at revision 5 with the execution count still 2 and the answer"
         " computed from the restored results",

@@ -180,7 +180,7 @@ RECEIPT_JCS = '{"external_ref":"r-1"}'
 # The write path's calls (migration 0005's functions, delegated to the tenant's worker by 0008), with
 # sample arguments, in the order an executor makes them.
 WRITE_CALLS: dict[str, tuple[Any, ...]] = {
-    "run_claim": ("acme", "op-1", "exec-1", "t", "1", DIGEST, 30, None, TOKEN_HASH, None, False, None),
+    "run_claim": ("acme", "op-1", "exec-1", "t", "1", DIGEST, 30, None, TOKEN_HASH, None, False, None, None),
     "run_submit": ("acme", "op-1", TOKEN_HASH, "ref-1", None),
     "run_heartbeat": ("acme", "op-1", TOKEN_HASH, 30),
     "run_complete": ("acme", "op-1", "exec-1", TOKEN_HASH, "committed", RECEIPT_JCS, None, None),

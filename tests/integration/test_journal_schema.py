@@ -31,6 +31,7 @@ async def test_keys_start_with_tenant_and_rls_is_forced(db_url: str) -> None:
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [
+        ("continuation_payloads", True, True, "tenant_id"),
         ("records", True, True, "tenant_id"),
         ("sessions", True, True, "tenant_id"),
     ]
@@ -83,6 +84,7 @@ async def test_citus_distributes_sessions_and_records_with_the_ledger(db_url: st
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [
+        ("journal.continuation_payloads", "tenant_id", True),
         ("journal.records", "tenant_id", True),
         ("journal.sessions", "tenant_id", True),
     ]

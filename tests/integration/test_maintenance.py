@@ -69,7 +69,13 @@ async def test_sweep_marks_exactly_the_expired_submitted_ones(
     events_before = await count_events(db_url)
 
     result = await sweep(settings)
-    assert result.summary() == {"task": "sweep", "skipped": False, "batches": 1, "swept": 2}
+    assert result.summary() == {
+        "task": "sweep",
+        "skipped": False,
+        "batches": 1,
+        "swept": 2,
+        "approvals_expired": 0,
+    }
     for tenant in ("t1", "t2"):
         assert await stored_status(db_url, "expired", tenant) == "unknown"
         last = (await events_of(db_url, "expired", tenant))[-1]
@@ -93,7 +99,13 @@ async def test_sweep_marks_exactly_the_expired_submitted_ones(
     assert r.json()["ok"] is True
 
     again = await sweep(settings)
-    assert again.summary() == {"task": "sweep", "skipped": False, "batches": 1, "swept": 0}
+    assert again.summary() == {
+        "task": "sweep",
+        "skipped": False,
+        "batches": 1,
+        "swept": 0,
+        "approvals_expired": 0,
+    }
     assert await count_events(db_url) == events_before + 2
 
 
@@ -307,7 +319,7 @@ async def test_cli_runs_one_sweep_and_one_purge(client: httpx.AsyncClient, db_ur
     await committed(client, "old")
     await backdate(db_url, 3, "old")
     sweep_out = await asyncio.to_thread(run_cli, "sweep", "--database-url", db_url)
-    assert sweep_out == {"task": "sweep", "skipped": False, "batches": 1, "swept": 1}
+    assert sweep_out == {"task": "sweep", "skipped": False, "batches": 1, "swept": 1, "approvals_expired": 0}
     purge_out = await asyncio.to_thread(run_cli, "purge", "--database-url", db_url, "--retention-days", "2")
     assert purge_out["operations"] == 1 and purge_out["events"] == 2 and purge_out["skipped"] is False
     assert (

@@ -98,6 +98,8 @@ async def test_counters_after_a_scripted_lifecycle(service: Service, db_url: str
         "in_progress": 1,
         "outcome_unknown": 1,
         "intent_conflict": 1,
+        "approval_required": 0,
+        "approval_denied": 0,
     }
     transitions = {
         (dict(labels)["from_status"], dict(labels)["to_status"]): value

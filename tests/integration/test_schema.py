@@ -57,6 +57,8 @@ async def test_runtime_role_is_neither_owner_superuser_nor_rls_bypasser(db_url: 
         )
         assert [r["relname"] for r in owners] == [
             "access_log",
+            "approval_events",
+            "approvals",
             "events",
             "feed_counters",
             "incidents",

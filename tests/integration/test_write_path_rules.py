@@ -99,6 +99,7 @@ def claim_command(name: str, binding: Binding, nonce: str | None, submit: bool) 
             NEW_MATERIAL.sealed_token,
             submit,
             "ref-c" if submit else None,
+            None,  # no approval policy covers the tool (section 15: tests/integration/test_approvals.py)
         )
 
     def decide(op: Operation) -> Decision:

@@ -4,8 +4,18 @@ It imports only `effect_ledger.domain` (pure rules) from the service, never its 
 layers, so an executor can depend on it without the server's runtime.
 """
 
+from effect_ledger.client.approvals import (
+    ApprovalDecision,
+    ApprovalPage,
+    Approvals,
+    ApprovalView,
+    EffectCancelled,
+    ReviewReport,
+)
 from effect_ledger.client.client import LedgerClient, UnexpectedAnswer, new_client_nonce
 from effect_ledger.client.errors import (
+    ApprovalDenied,
+    ApprovalRequired,
     ConflictingOutcome,
     EffectUsageError,
     Forbidden,
@@ -40,6 +50,7 @@ from effect_ledger.client.journal import (
     Projection,
     SessionCreated,
     SessionSnapshot,
+    continuation,
     message,
     summary,
     tool_call,
@@ -79,6 +90,12 @@ from effect_ledger.client.telemetry import CallStats
 __all__ = [
     "AccessLogEntry",
     "AppendResult",
+    "ApprovalDecision",
+    "ApprovalDenied",
+    "ApprovalPage",
+    "ApprovalRequired",
+    "ApprovalView",
+    "Approvals",
     "CallStats",
     "ClaimGrant",
     "ClaimResult",
@@ -87,6 +104,7 @@ __all__ = [
     "ContextSelection",
     "Diagnostics",
     "Effect",
+    "EffectCancelled",
     "EffectUsageError",
     "Event",
     "Evidence",
@@ -120,6 +138,7 @@ __all__ = [
     "RecoveryDecision",
     "ResumePlan",
     "RetryPolicy",
+    "ReviewReport",
     "RevisionConflict",
     "SensitiveValueRejected",
     "SessionCreated",
@@ -136,6 +155,7 @@ __all__ = [
     "Verdict",
     "VerifyResult",
     "committed",
+    "continuation",
     "message",
     "new_client_nonce",
     "not_applied",

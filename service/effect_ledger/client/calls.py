@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from effect_ledger.client.approvals import Approvals
 from effect_ledger.client.models import (
     ClaimResult,
     Diagnostics,
@@ -35,8 +36,12 @@ class ExecutorCalls(Protocol):
         intent_digest: str | None = None,
         lease_seconds: int | None = None,
         client_nonce: str | None = None,
+        approval_note: str | None = None,
         retry: RetryPolicy | None = None,
     ) -> ClaimResult: ...
+
+    @property
+    def approvals(self) -> Approvals: ...
 
     async def submit(
         self,

@@ -12,6 +12,7 @@ import httpx
 import msgspec
 
 from effect_ledger import __version__
+from effect_ledger.client.approvals import Approvals, Cancelled
 from effect_ledger.client.errors import LedgerClientError, LedgerProblem, LedgerUnreachable
 from effect_ledger.client.executor import Effect
 from effect_ledger.client.journal import Journal
@@ -161,6 +162,7 @@ class LedgerClient:
         client_nonce: str | None = None,
         submit: bool = False,
         effect_ref: str | None = None,
+        approval_note: str | None = None,
         retry: RetryPolicy | None = None,
     ) -> ClaimResult:
         """Claim an operation ID; a client_nonce is always sent, so a lost answer is replayed, not refused.
@@ -180,6 +182,8 @@ class LedgerClient:
             body["intent_digest"] = intent_digest
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
+        if approval_note is not None:
+            body["approval_note"] = approval_note
         response = await self.request(
             "POST", f"/v1/operations/{_path_segment(operation_id)}/claim", body=body, retry=retry
         )
@@ -255,12 +259,20 @@ class LedgerClient:
         lease_seconds: int = 30,
         send_at_once: bool = False,
         effect_ref: str | None = None,
+        approval_wait_seconds: float = 0.0,
+        approval_note: str | None = None,
+        cancelled: Cancelled = None,
     ) -> Effect:
         """The executor helper: `async with client.effect(...) as effect:` (see client/executor.py).
 
         `send_at_once=True` (with the `effect_ref` the effect will carry) claims and submits in one call:
         for a body that sends the effect first thing. The block then starts submitted, so leaving it
-        without an outcome records unknown, never not_applied."""
+        without an outcome records unknown, never not_applied.
+
+        A tool that needs an approval (403 approval_required): the helper waits up to
+        `approval_wait_seconds` for the decision, then checks `cancelled` (an asyncio.Event or a
+        callable) before the claim that would consume the approval; cancelled → EffectCancelled, and
+        nothing was claimed or run. Past the wait: ApprovalRequired; denied: ApprovalDenied."""
         from effect_ledger.client.executor import Effect
 
         claim_body: dict[str, Any] = {
@@ -275,7 +287,14 @@ class LedgerClient:
             claim_body["intent"] = intent
         if intent_digest is not None:
             claim_body["intent_digest"] = intent_digest
-        return Effect(self, operation_id, claim_body)
+        if approval_note is not None:
+            claim_body["approval_note"] = approval_note
+        return Effect(self, operation_id, claim_body, approval_wait_seconds, cancelled)
+
+    @property
+    def approvals(self) -> Approvals:
+        """The approval calls (docs/api.md section 15) over this client (see client/approvals.py)."""
+        return Approvals(self)
 
     @property
     def journal(self) -> Journal:

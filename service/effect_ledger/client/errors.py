@@ -185,6 +185,31 @@ class UnsupportedSchema(LedgerProblem):
     """422: a journal record names a schema version newer than the service knows; nothing was stored."""
 
 
+class ApprovalRequired(LedgerProblem):
+    """403: the tool needs an approval of this exact binding and none is valid. `approval` is the
+    request (pending): wait for a decision (effect() does, within its deadline), then claim again."""
+
+    advice = "An approver must decide the request first; claim again once it is approved."
+
+    @property
+    def approval(self) -> dict[str, Any]:
+        """The approval request's view, as sent."""
+        value = self.members.get("approval")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def approval_id(self) -> str | None:
+        """The request's ID."""
+        value = self.approval.get("approval_id")
+        return value if isinstance(value, str) else None
+
+
+class ApprovalDenied(ApprovalRequired):
+    """403: the approval request for this binding was denied (until it expires)."""
+
+    advice = "Do not run the effect."
+
+
 class RateLimited(LedgerProblem):
     """429: the per tenant+principal limit was hit; `retry_after` says when to come back."""
 
@@ -216,6 +241,8 @@ CLASSES: dict[str, type[LedgerProblem]] = {
     "revision_conflict": RevisionConflict,
     "invalid_history": InvalidHistory,
     "unsupported_schema": UnsupportedSchema,
+    "approval_required": ApprovalRequired,
+    "approval_denied": ApprovalDenied,
     "rate_limited": RateLimited,
     "internal": InternalError,
     "unavailable": Unavailable,

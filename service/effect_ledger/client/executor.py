@@ -24,11 +24,13 @@ from typing import Any
 
 from msgspec import convert
 
+from effect_ledger.client.approvals import ApprovalView, Cancelled, EffectCancelled, is_cancelled
 from effect_ledger.client.calls import ExecutorCalls
-from effect_ledger.client.errors import EffectUsageError, LedgerClientError, LedgerProblem
+from effect_ledger.client.errors import ApprovalRequired, EffectUsageError, LedgerClientError, LedgerProblem
 from effect_ledger.client.models import (
     Category,
     ClaimGrant,
+    ClaimResult,
     Diagnostics,
     NotAppliedReason,
     OperationView,
@@ -58,8 +60,17 @@ def _class_name(exc: BaseException) -> str:
 class Effect:
     """One guarded run of an effect; use it as `async with client.effect(...) as effect:`."""
 
-    def __init__(self, client: ExecutorCalls, operation_id: str, claim_body: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        client: ExecutorCalls,
+        operation_id: str,
+        claim_body: Mapping[str, Any],
+        approval_wait_seconds: float = 0.0,
+        cancelled: Cancelled = None,
+    ) -> None:
         self.operation_id = operation_id
+        self.approval: ApprovalView | None = None  # the last approval request seen while claiming
+        self.approval_waits = 0  # decisions waited for
         self.operation: OperationView | None = None  # the latest view the ledger returned
         self.receipt: RecordedReceipt | None = None  # set when the operation was already committed
         self.claim: ClaimGrant | None = None  # set when this block may run the effect
@@ -72,6 +83,8 @@ class Effect:
         self._effect_ref: str | None = None
         self._outcome: tuple[str, Receipt | NotAppliedReason] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._approval_wait = approval_wait_seconds
+        self._cancelled = cancelled
 
     @property
     def reused(self) -> bool:
@@ -84,9 +97,33 @@ class Effect:
         """Whether `submitted()` succeeded in this block."""
         return self._submitted_at is not None
 
+    async def _claim_with_approval(self) -> ClaimResult:
+        """Claim; on approval_required, wait for the decision within the deadline and claim again.
+        Cancellation is checked before every claim: after a wait, the next claim could consume the
+        approval, so a run cancelled while waiting sends none (section 15, the seed's counterexample)."""
+        deadline = time.monotonic() + self._approval_wait
+        while True:
+            if is_cancelled(self._cancelled):
+                raise EffectCancelled(f"{self.operation_id}: cancelled before the claim; nothing ran")
+            try:
+                return await self._client.claim(self.operation_id, **self._claim_body)
+            except ApprovalRequired as needed:
+                if type(needed) is not ApprovalRequired or needed.approval_id is None:
+                    raise  # denied: do not run it
+                if time.monotonic() >= deadline:
+                    raise
+                self.approval_waits += 1
+                waited = await self._client.approvals.wait_for_decision(
+                    needed.approval_id, deadline, self._cancelled
+                )
+                if waited is None and not is_cancelled(self._cancelled):
+                    raise  # the deadline passed while it was pending
+                self.approval = waited
+
     async def __aenter__(self) -> Effect:
-        # OperationInProgress and OutcomeUnknown propagate from here, so the body never runs.
-        result = await self._client.claim(self.operation_id, **self._claim_body)
+        # OperationInProgress, OutcomeUnknown, ApprovalRequired/Denied and EffectCancelled propagate
+        # from here, so the body never runs.
+        result = await self._claim_with_approval()
         self.operation = result.operation
         if result.action == "reuse_receipt":
             self.receipt = result.operation.receipt

@@ -7,6 +7,7 @@ stored twice. A RevisionConflict is not retried: the caller re-reads and decides
 
 from __future__ import annotations
 
+import base64
 import secrets
 from collections.abc import Mapping
 from datetime import datetime
@@ -31,6 +32,7 @@ __all__ = [
     "ProjectionMessage",
     "SessionCreated",
     "SessionSnapshot",
+    "continuation",
     "message",
     "summary",
     "tool_call",
@@ -69,6 +71,34 @@ def summary(from_seq: int, to_seq: int, content: str, summarizer: str, omissions
         "content": content,
         "summarizer": summarizer,
         "omissions": omissions,
+    }
+
+
+def continuation(
+    *,
+    provider: str,
+    adapter: str,
+    account: str,
+    model_class: str,
+    covers_to_seq: int,
+    expires_at: datetime,
+    payload: bytes,
+    classification: str = "confidential",
+    response_id: str | None = None,
+) -> JournalRecord:
+    """Opaque provider state continuing records 1..covers_to_seq; `payload` is sent base64 and comes
+    back only from a compatible context() (docs/journal.md)."""
+    return {
+        "type": "continuation",
+        "provider": provider,
+        "adapter": adapter,
+        "account": account,
+        "model_class": model_class,
+        "response_id": response_id,
+        "covers_to_seq": covers_to_seq,
+        "expires_at": expires_at.isoformat(),
+        "classification": classification,
+        "payload": base64.b64encode(payload).decode("ascii"),
     }
 
 
@@ -144,6 +174,7 @@ class Omitted(Struct, kw_only=True):
 
     records: int
     bytes: int
+    continuations: list[dict[str, Any]] = []  # {"seq", "reason"} of each continuation not handed back
 
 
 class ContextSelection(Struct, kw_only=True):
@@ -154,6 +185,7 @@ class ContextSelection(Struct, kw_only=True):
     omitted: Omitted
     summarized: list[dict[str, int]]
     unresolved: list[str]
+    continuation: dict[str, Any] | None = None  # the compatible one, with its payload (base64)
 
 
 class Transport(Protocol):
@@ -220,10 +252,27 @@ class Journal:
         return self.client.decode(response, Projection)
 
     async def context(
-        self, session_id: str, *, max_records: int | None = None, max_bytes: int | None = None
+        self,
+        session_id: str,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        provider: str | None = None,
+        adapter: str | None = None,
+        account: str | None = None,
+        model_class: str | None = None,
     ) -> ContextSelection:
-        """The records for a new model request under the bounds, with loss accounting."""
-        params = {k: v for k, v in (("max_records", max_records), ("max_bytes", max_bytes)) if v is not None}
+        """The records for a new model request under the bounds, with loss accounting; with the four
+        continuation fields, the newest compatible continuation too (`continuation`)."""
+        pairs = (
+            ("max_records", max_records),
+            ("max_bytes", max_bytes),
+            ("provider", provider),
+            ("adapter", adapter),
+            ("account", account),
+            ("model_class", model_class),
+        )
+        params: dict[str, str | int] = {k: v for k, v in pairs if v is not None}
         response = await self.client.request("GET", self._path(session_id, "/context"), params=params)
         return self.client.decode(response, ContextSelection)
 

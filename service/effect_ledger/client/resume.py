@@ -7,7 +7,8 @@ its current token (API.md section 12; the book's 15.16.8: checkpoints are not re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.client.errors import LedgerClientError
@@ -48,6 +49,23 @@ class ResumePlan:
     wait: list[PlannedCall] = field(default_factory=list)  # a live lease holds it
     no_operation: list[PlannedCall] = field(default_factory=list)  # the journal alone cannot tell
     restored_results: dict[str, Any] = field(default_factory=dict)  # call_id -> output, as journaled
+    # provider state (section 12): the compatible continuation (payload base64), else why none is
+    continuation: dict[str, Any] | None = None
+    continuations_unusable: list[dict[str, Any]] = field(default_factory=list)  # {"seq", "reason"}
+    continuation_asked: bool = False
+
+    @property
+    def continuation_why_not(self) -> str | None:
+        """None when a continuation was handed back; else why not: `not_requested`, `none_recorded`,
+        or the reason of the newest continuation (provider, adapter, account, model_class, expired,
+        prefix, unreadable). Without one, restart from the neutral records."""
+        if self.continuation is not None:
+            return None
+        if not self.continuation_asked:
+            return "not_requested"
+        if not self.continuations_unusable:
+            return "none_recorded"
+        return str(max(self.continuations_unusable, key=lambda c: int(c["seq"]))["reason"])
 
     @property
     def settled(self) -> bool:
@@ -99,11 +117,34 @@ def _planned(call: ProjectionCall) -> PlannedCall:
     )
 
 
-async def reopen(client: LedgerClient, session_id: str) -> ResumePlan:
-    """Read the session and its projection at one revision and plan; dispatches nothing."""
+async def reopen(
+    client: LedgerClient, session_id: str, *, continuation_for: Mapping[str, str] | None = None
+) -> ResumePlan:
+    """Read the session and its projection at one revision and plan; dispatches nothing. With
+    `continuation_for` ({"provider", "adapter", "account", "model_class"}), the plan carries the
+    compatible continuation of that revision, or says why none is usable."""
     for _ in range(REREADS):
         snapshot = await client.journal.read(session_id)
         projection = await client.journal.projection(session_id)
-        if projection.revision == snapshot.revision:
-            return plan_from(snapshot, projection)
+        if projection.revision != snapshot.revision:
+            continue
+        plan = plan_from(snapshot, projection)
+        if continuation_for is None:
+            return plan
+        wanted = dict(continuation_for)
+        selection = await client.journal.context(
+            session_id,
+            provider=wanted["provider"],
+            adapter=wanted["adapter"],
+            account=wanted["account"],
+            model_class=wanted["model_class"],
+        )
+        if selection.revision != plan.revision:
+            continue
+        return replace(
+            plan,
+            continuation=selection.continuation,
+            continuations_unusable=list(selection.omitted.continuations),
+            continuation_asked=True,
+        )
     raise SessionMoved(f"session {session_id} kept changing while it was reopened")

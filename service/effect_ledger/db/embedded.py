@@ -13,6 +13,7 @@ class EmbeddedMissing(RuntimeError):
     """No database URL and no effect-ledger[embedded]: the CLI prints this and exits 2."""
 
 
+STATE_KEY_FILE = "journal-state.key"
 DEV_SECRET_FILE = "dev-jwt-secret"  # noqa: S105 - a file name, not a secret
 
 
@@ -52,3 +53,20 @@ def dev_jwt_secret(data_dir: Path) -> str:
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(48))
     return path.read_text().strip()
+
+
+def dev_state_key(data_dir: Path) -> Path:
+    """The embedded mode's key ring for continuation payloads (docs/journal.md), created on first use
+    with owner-only permissions; the database never holds it."""
+    from effect_ledger.domain.journal_continuations import KeyRing
+
+    path = data_dir / STATE_KEY_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it first: use theirs
+            return path
+        with os.fdopen(fd, "w") as handle:
+            handle.write(KeyRing.new_line("k1"))
+    return path

@@ -7,17 +7,19 @@ projection 3, each in one read-only REPEATABLE READ snapshot; delete 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from effect_ledger.db import journal_state
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger, row_to_operation
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.domain.errors import LedgerError, not_found
+from effect_ledger.domain.journal_continuations import KeyRing
 from effect_ledger.domain.journal_history import (
     Accepted,
     AppendCommand,
@@ -26,6 +28,7 @@ from effect_ledger.domain.journal_history import (
     SessionState,
     calls_from_json,
     calls_to_json,
+    continuations_from_json,
     decide_append,
 )
 from effect_ledger.domain.model import Operation
@@ -60,9 +63,16 @@ async def create_session(
 
 
 async def append(
-    ledger: Ledger, tenant: str, principal: str, session_id: str, cmd: AppendCommand, caps: Caps
+    ledger: Ledger,
+    tenant: str,
+    principal: str,
+    session_id: str,
+    cmd: AppendCommand,
+    caps: Caps,
+    payloads: journal_state.Payloads | None = None,
 ) -> AppendDecision:
     """Lock the owner's session, decide the batch, store it when accepted; all in one transaction.
+    Continuation records are bound to their prefix and their `payloads` sealed and stored with them.
 
     Refusals come back as values (the transaction then writes nothing); a missing or foreign session
     raises not_found."""
@@ -73,13 +83,21 @@ async def append(
         state = SessionState(
             revision=row["revision"],
             calls=calls_from_json(row["causal"]),
+            continuations=continuations_from_json(row["causal"]),
             last_nonce_hash=None if row["last_nonce_hash"] is None else bytes(row["last_nonce_hash"]),
             last_base_revision=row["last_base_revision"],
             last_batch_digest=row["last_batch_digest"],
         )
         decision = decide_append(state, cmd, caps)
         if isinstance(decision, Accepted):
+            sealed = []
+            if payloads is not None and payloads.by_index:
+                sealed = await journal_state.bind_and_seal(
+                    conn, tenant, session_id, decision.base_revision, decision.records, payloads
+                )
             await _store(conn, tenant, session_id, decision, cmd.nonce_hash, now)
+            if sealed:
+                await journal_state.store_sealed(conn, tenant, session_id, sealed)
     return decision
 
 
@@ -97,7 +115,7 @@ async def _store(
         session_id,
         accepted.base_revision,
         accepted.revision,
-        calls_to_json(accepted.calls),
+        calls_to_json(accepted.calls, tuple(accepted.continuations)),
         nonce_hash,
         accepted.digest,
         now,
@@ -138,6 +156,42 @@ async def read_session(
         _,
     ):
         return await _snapshot(conn, tenant, session_id, principal, after_seq)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRead:
+    """A session snapshot, the database clock it was read at, and the continuation handed back (its
+    seq and payload) with the seqs of compatible ones whose payload could not be opened."""
+
+    snapshot: SessionSnapshot
+    now: datetime
+    handed: tuple[int, bytes] | None
+    unreadable: list[int]
+
+
+async def read_for_context(
+    ledger: Ledger,
+    tenant: str,
+    session_id: str,
+    principal: str | None,
+    ring: KeyRing | None,
+    candidates: Callable[[SessionSnapshot, datetime], list[tuple[int, str]]],
+) -> ContextRead:
+    """The whole session from one snapshot; then, newest first among `candidates(snapshot, now)`
+    ((seq, prefix digest) of compatible continuations), the first whose payload opens."""
+    async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "journal_context", snapshot=True) as (
+        conn,
+        now,
+    ):
+        snap = await _snapshot(conn, tenant, session_id, principal, 0)
+        unreadable: list[int] = []
+        for seq, digest in candidates(snap, now) if ring is not None else []:
+            assert ring is not None
+            payload = await journal_state.open_payload(conn, ring, tenant, session_id, seq, digest)
+            if payload is not None:
+                return ContextRead(snap, now, (seq, payload), unreadable)
+            unreadable.append(seq)
+    return ContextRead(snap, now, None, unreadable)
 
 
 async def read_with_effects(

@@ -24,6 +24,7 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.pools import run_statement, tenant_tx
+from effect_ledger.domain.approvals import view_of
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest, decide_claim
 from effect_ledger.domain.diagnostics import Incident
@@ -90,10 +91,11 @@ class ClaimResult:
     """What a claim got: the verdict, the operation after it, and the claim token when one is granted."""
 
     verdict: str  # created | new_attempt | replay | reuse_receipt | a refusal code
-    operation: Operation
+    operation: Operation | None  # None only when an approval refusal met a new ID (nothing created)
     token: str | None
     events: tuple[EventDraft, ...] = ()  # what the claim appended
     refusal: Refusal | None = None
+    approval: dict[str, Any] | None = None  # the view of the request the approval gate spoke of
 
 
 def row_to_operation(row: Mapping[str, Any]) -> Operation:
@@ -136,6 +138,12 @@ def returned_events(row: Mapping[str, Any]) -> tuple[EventDraft, ...]:
 def _jcs(value: Any) -> str | None:
     """A client-supplied part of an event's data in JCS text (the database hashes it as given)."""
     return None if value is None else canonical_json(value).decode("utf-8")
+
+
+_APPROVAL_DETAIL = {
+    "approval_required": "This tool needs an approval of this exact binding; none is valid.",
+    "approval_denied": "The approval request for this binding was denied.",
+}
 
 
 class RulesDisagree(Exception):
@@ -191,8 +199,19 @@ def new_material(tenant: str, operation_id: str, nonce: str | None) -> tuple[str
     return token, AttemptMaterial(token_hash(token), sealed)
 
 
-async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | None) -> ClaimResult:
-    """Claim an operation ID (docs/api.md section 6), submitting too when `req.submit`. One round trip."""
+APPROVAL_REFUSALS = frozenset({"approval_required", "approval_denied"})
+
+
+async def claim(
+    ledger: Ledger,
+    tenant: str,
+    req: ClaimRequest,
+    nonce: str | None,
+    approval_ask: Mapping[str, Any] | None = None,
+) -> ClaimResult:
+    """Claim an operation ID (docs/api.md section 6), submitting too when `req.submit`. One round trip.
+    With `approval_ask` (db/approvals.claim_ask: the tool needs approval), an attempt is granted only
+    by a valid approval, consumed in the same transaction (section 15)."""
     token, material = new_material(tenant, req.operation_id, nonce)
     b = req.binding
     row = await _call(
@@ -211,15 +230,22 @@ async def claim(ledger: Ledger, tenant: str, req: ClaimRequest, nonce: str | Non
         material.sealed_token,
         req.submit,
         req.effect_ref,
+        None if approval_ask is None else dict(approval_ask),
     )
     verdict: str = row["outcome"]
     if verdict == "vanished":  # purged three times between our insert and our read: give up, retryable
         raise DatabaseUnavailable("claim", "OperationVanished")
+    if verdict in APPROVAL_REFUSALS:  # no operation created or changed; the gate's request is the answer
+        ledger.observer.observe("claim", verdict, ())
+        existing = None if row["operation_id"] is None else row_to_operation(row)
+        refusal = Refusal(verdict, _APPROVAL_DETAIL[verdict])
+        approval = view_of(row["approval"], row["db_now"])
+        return ClaimResult(verdict, existing, None, refusal=refusal, approval=approval)
     outcome = _settle(ledger, "claim", row, lambda op: decide_claim(op, req), observed_as_verdict=True)
     assert outcome.operation is not None
     op = outcome.operation
     if verdict in ("created", "new_attempt"):
-        return ClaimResult(verdict, op, token, outcome.events)
+        return ClaimResult(verdict, op, token, outcome.events, approval=view_of(row["approval"], op.now))
     if verdict == "replay":
         assert nonce is not None and op.sealed_token is not None
         return ClaimResult(verdict, op, encode_token(unseal(op.sealed_token, nonce, tenant, op.operation_id)))

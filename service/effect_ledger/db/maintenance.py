@@ -23,10 +23,11 @@ import asyncpg
 import msgspec
 import structlog
 
-from effect_ledger.db import failover
+from effect_ledger.db import approvals, failover
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
+from effect_ledger.db.journal_state import purge_expired_payloads
 from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
 from effect_ledger.db.urls import writable_url
 from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
@@ -133,7 +134,14 @@ async def _sweep_on(conn: asyncpg.Connection, batch_size: int, observer: LedgerO
             # A short batch means nothing sweepable is left; a batch that swept nothing holds only rows
             # that requests hold right now (skipped): leave them to the next run rather than spin.
             if found < batch_size or swept == 0:
-                return result
+                break
+        # Approvals (section 15): expiry by the database clock is recorded as an event, here too.
+        expired = await approvals.expire_due(conn, batch_size)
+        result.counts["approvals_expired"] = expired
+        if isinstance(observer, approvals.ApprovalObserver):  # the metrics, when serve runs the sweep
+            for _ in range(expired):
+                observer.approval_event("expired")
+    return result
 
 
 async def sweep(settings: Settings, observer: LedgerObserver = UNOBSERVED) -> RunResult:
@@ -223,6 +231,10 @@ async def _purge_on(conn: asyncpg.Connection, settings: Settings) -> RunResult:
         result.counts["journal_sessions"] = await purge_idle_sessions(
             conn, settings.journal_retention_days, settings.purge_batch_size
         )
+        # Continuation payloads (section 12) go when they expire; their records' metadata stays.
+        result.counts["continuation_payloads"] = await purge_expired_payloads(conn)
+        # Approvals (section 15): the intents kept for approvers go once they are no use.
+        result.counts["approval_intents"] = await approvals.purge_intents(conn)
     return result
 
 

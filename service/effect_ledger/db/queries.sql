@@ -14,9 +14,10 @@ SELECT $1::text AS tenant, tenancy.bind_setting('effect_ledger.tenant', $1::text
 -- ---------------------------------------------------------------------------------------------
 
 -- name: run_claim
--- Claim (and, with $11, submit) an operation ID in one round trip.
-SELECT c.outcome, c.events, c.db_now, (c.op).*
-FROM ledger.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS c;
+-- Claim (and, with $11, submit) an operation ID in one round trip; $13 is the approval policy's ask
+-- (NULL: no rule covers the tool), and `approval` the request the gate spoke of (migration 0011).
+SELECT c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval, (c.op).*
+FROM ledger.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) AS c;
 
 -- name: run_submit
 -- Submit (pending -> submitted) in one round trip.
@@ -663,3 +664,90 @@ FROM ledger.operations AS o
 LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
 WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[])
 ORDER BY o.operation_id, e.seq;
+
+-- Approvals (docs/api.md section 15, migration 0011). The gate runs inside run_claim; decide and
+-- revoke are one statement each; reads keep their tenant transaction.
+
+-- name: run_approval_decide
+-- An approver's decision on one request, in one round trip.
+SELECT c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval
+FROM ledger.approval_decide($1, $2, $3, $4, $5) AS c;
+
+-- name: run_approval_revoke
+-- Revoke one request, in one round trip.
+SELECT c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval
+FROM ledger.approval_revoke($1, $2, $3, $4) AS c;
+
+-- name: read_approval
+-- One approval request of the tenant, with the database clock (its effective status needs it).
+SELECT a.*, clock_timestamp() AS db_now
+FROM ledger.approvals AS a
+WHERE a.tenant_id = $1 AND a.approval_id = $2;
+
+-- name: list_approvals
+-- Approval requests, oldest first, keyset-paginated by (requested_at, approval_id). $2: statuses as
+-- stored (the caller maps effective statuses: a live request past expires_at is `expired`), NULL for
+-- all; $3: only live ones past (true) or before (false) their expiry, NULL for both.
+SELECT a.*, clock_timestamp() AS db_now
+FROM ledger.approvals AS a
+WHERE a.tenant_id = $1
+  AND ($2::text[] IS NULL OR a.status = ANY($2::text[]))
+  AND ($3::boolean IS NULL OR (a.expires_at <= clock_timestamp()) = $3::boolean)
+  AND ($4::timestamptz IS NULL OR (a.requested_at, a.approval_id) > ($4::timestamptz, $5::text))
+ORDER BY a.requested_at, a.approval_id
+LIMIT $6;
+
+-- name: list_approval_events
+-- One request's events in chain order.
+SELECT seq, at, kind, actor, data, prev_hash, hash, approval_id
+FROM ledger.approval_events
+WHERE tenant_id = $1 AND approval_id = $2
+ORDER BY seq;
+
+-- name: expire_approvals
+-- Maintenance, one tenant: record the expiry (an `expired` event) of live requests past expires_at.
+SELECT ledger.expire_approvals($1, $2);
+
+-- name: approval_expiry_tenants
+-- Maintenance, across tenants: tenants with live approval requests past their expiry.
+SELECT DISTINCT tenant_id FROM ledger.approvals
+WHERE status IN ('pending', 'approved', 'denied') AND expires_at <= clock_timestamp();
+
+-- name: purge_approval_intents
+-- Retention: drop the stored intent of requests past their validity, or consumed or revoked; the
+-- digest stays. statement_timestamp(): Citus refuses VOLATILE functions in an UPDATE.
+UPDATE ledger.approvals SET intent = NULL
+WHERE intent IS NOT NULL AND (expires_at <= statement_timestamp() OR status IN ('consumed', 'revoked'));
+
+-- ---------------------------------------------------------------------------------------------
+-- Continuation payloads (docs/api.md section 12, migration 0012): sealed with a key outside the
+-- database, stored apart from their record, read only by context replay.
+
+-- name: journal_prefix_records
+-- The stored records 1..$3 of a session in seq order (the prefix a continuation is bound to).
+SELECT seq, record
+FROM journal.records
+WHERE tenant_id = $1 AND session_id = $2 AND seq <= $3
+ORDER BY seq;
+
+-- name: journal_store_payloads
+-- The sealed payloads of a batch's continuation records, joined to their records (just inserted: the
+-- foreign key). Selecting from journal.records on the tenant keeps it one co-located shard on Citus,
+-- which refuses an INSERT ... SELECT from a function alone into a table with row-level security.
+INSERT INTO journal.continuation_payloads (tenant_id, session_id, seq, key_id, nonce, ciphertext, expires_at)
+SELECT r.tenant_id, r.session_id, r.seq, p.key_id, p.nonce, p.ciphertext, p.expires_at
+FROM journal.records AS r
+JOIN unnest($3::integer[], $4::text[], $5::bytea[], $6::bytea[], $7::timestamptz[])
+    AS p(seq, key_id, nonce, ciphertext, expires_at) ON p.seq = r.seq
+WHERE r.tenant_id = $1 AND r.session_id = $2;
+
+-- name: journal_read_payload
+-- One continuation's sealed payload, unless it has expired by the database clock.
+SELECT key_id, nonce, ciphertext
+FROM journal.continuation_payloads
+WHERE tenant_id = $1 AND session_id = $2 AND seq = $3 AND expires_at > clock_timestamp();
+
+-- name: journal_purge_payloads
+-- Retention (owner, maintenance scope): payloads past their expiry; their records (metadata) stay.
+DELETE FROM journal.continuation_payloads
+WHERE expires_at <= statement_timestamp();

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 INTRO = """effect-ledger demo: chapter 15's lost measurement receipt, end to end
   two measurements through a fake measurement service; B's answer is lost after submission.
   an orchestrator journals the comparison and reopens it without running the past (section 12).
+  a charge waits for a second principal's yes; a run cancelled while waiting never executes (section 15).
 """
 
 
@@ -26,6 +27,7 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_demo(settings: Settings) -> int:
     """Stage the database and the service, run the scenario, print its timeline and verdict."""
+    from effect_ledger.demo.approval_step import APPROVER
     from effect_ledger.demo.journal_trace import ORCHESTRATOR
     from effect_ledger.demo.scenario import AUDITOR, EXECUTOR, RECONCILER, TENANT, Timeline
     from effect_ledger.demo.stage import demo_database
@@ -37,6 +39,7 @@ def run_demo(settings: Settings) -> int:
         RECONCILER: "ledger:reconcile",
         AUDITOR: "ledger:audit",
         ORCHESTRATOR: "journal:write journal:read",
+        APPROVER: "ledger:approve",
     }
     tokens = {sub: mint_token(secret, TENANT, sub, scope, Settings()) for sub, scope in scopes.items()}
     print(INTRO, flush=True)

@@ -105,6 +105,7 @@ def _receipt(record: dict[str, Any]) -> Receipt:
 
 async def run_scenario(base_url: str, tokens: dict[str, str], timeline: Timeline) -> None:
     """The scenario; every expectation is recorded on the timeline."""
+    from effect_ledger.demo.approval_step import APPROVER, run_approval_step
     from effect_ledger.demo.journal_trace import ORCHESTRATOR, CompositionTrace
 
     service = MeasurementService(timeline)
@@ -113,6 +114,7 @@ async def run_scenario(base_url: str, tokens: dict[str, str], timeline: Timeline
         LedgerClient(base_url, tokens[RECONCILER]) as reconciler,
         LedgerClient(base_url, tokens[AUDITOR]) as auditor,
         LedgerClient(base_url, tokens[ORCHESTRATOR]) as orchestrator,
+        LedgerClient(base_url, tokens[APPROVER]) as approver,
     ):
         timeline.header()
         trace = CompositionTrace(orchestrator, timeline, service.executions)
@@ -127,6 +129,7 @@ async def run_scenario(base_url: str, tokens: dict[str, str], timeline: Timeline
         await trace.answer_b_from_receipt()
         await trace.reopen_comparison()
         await _audit(auditor, timeline)
+        await run_approval_step(executor, approver, timeline, EXECUTOR)
     timeline.expect(
         "the measurement service ran each measurement exactly once (A: 1, B: 1)",
         service.executions == Counter({"A": 1, "B": 1}),

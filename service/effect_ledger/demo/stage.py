@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 import socket
@@ -18,6 +19,7 @@ import uvicorn
 
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
+from effect_ledger.demo.approval_step import POLICY as APPROVAL_POLICY
 from effect_ledger.http.app import create_app
 from effect_ledger.settings import Settings
 
@@ -83,6 +85,7 @@ async def running_service(database_url: str, jwt_secret: str) -> AsyncIterator[s
         jwt_algorithm="HS256",
         background_sweep=False,  # the demo shows the executor's own unknown report, not the sweeper's
         log_level="warning",  # the timeline is the demo's output; request logs would drown it
+        approval_policy=json.dumps(APPROVAL_POLICY),  # charges need a yes (demo/approval_step.py)
     )
     port = _free_port()
     config = uvicorn.Config(

@@ -26,6 +26,8 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "invalid_history": (422, "Invalid history"),
     "unsupported_schema": (422, "Unsupported schema"),
     "not_yet_logged": (409, "Not yet logged"),
+    "approval_required": (403, "Approval required"),
+    "approval_denied": (403, "Approval denied"),
     "rate_limited": (429, "Rate limited"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Service unavailable"),

@@ -32,9 +32,18 @@ def calls_from_json(causal: Mapping[str, Any]) -> Calls:
     return {cid: CallEntry(v[0], v[1], v[2]) for cid, v in causal.get("calls", {}).items()}
 
 
-def calls_to_json(calls: Calls) -> dict[str, Any]:
-    """The causal index in its stored form."""
-    return {"calls": {cid: [c.name, c.seq, c.result_seq] for cid, c in calls.items()}}
+def calls_to_json(calls: Calls, continuations: Sequence[int] = ()) -> dict[str, Any]:
+    """The causal index in its stored form (with the seqs of continuation records, which no summary
+    may cover)."""
+    index: dict[str, Any] = {"calls": {cid: [c.name, c.seq, c.result_seq] for cid, c in calls.items()}}
+    if continuations:
+        index["continuations"] = sorted(continuations)
+    return index
+
+
+def continuations_from_json(causal: Mapping[str, Any]) -> frozenset[int]:
+    """The seqs of the session's continuation records, as the causal index keeps them."""
+    return frozenset(causal.get("continuations", ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,7 @@ class SessionState:
     last_nonce_hash: bytes | None = None
     last_base_revision: int | None = None
     last_batch_digest: str | None = None
+    continuations: frozenset[int] = frozenset()  # seqs of continuation records (no summary covers one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +86,7 @@ class Accepted:
     digest: str
     summaries: int
     sizes: tuple[int, ...]  # each record's JCS bytes, stored with it
+    continuations: frozenset[int] = frozenset()  # every continuation seq of the session, batch included
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +118,24 @@ def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> Append
     if errors:
         return invalid_history(errors)
     calls = dict(state.calls)
-    errors = apply_causal_rules(calls, state.revision, cmd.records)
+    continuations = set(state.continuations)
+    errors = apply_causal_rules(calls, state.revision, cmd.records, continuations)
     if errors:
         return invalid_history(errors)
     summaries = sum(1 for r in cmd.records if r["type"] == "summary")
     revision = state.revision + len(cmd.records)
     assert digest is not None  # every record has a JCS form, or cap_errors refused the batch
     known = tuple(size for size in sizes if size is not None)
-    return Accepted(state.revision, revision, tuple(cmd.records), calls, digest, summaries, known)
+    return Accepted(
+        state.revision,
+        revision,
+        tuple(cmd.records),
+        calls,
+        digest,
+        summaries,
+        known,
+        frozenset(continuations),
+    )
 
 
 def cap_errors(revision: int, sizes: Sequence[int | None], caps: Caps) -> list[tuple[int, str]]:
@@ -132,14 +153,30 @@ def cap_errors(revision: int, sizes: Sequence[int | None], caps: Caps) -> list[t
 
 
 def apply_causal_rules(
-    calls: Calls, revision: int, records: Sequence[dict[str, Any]]
+    calls: Calls,
+    revision: int,
+    records: Sequence[dict[str, Any]],
+    continuations: set[int] | None = None,
 ) -> list[tuple[int, str]]:
-    """Check each record against the history so far and fold it into `calls` (in place) when valid."""
+    """Check each record against the history so far and fold it into `calls` and `continuations` (in
+    place) when valid. Continuation records stand anywhere; they continue at most the history before
+    the batch, and no summary covers one."""
     errors: list[tuple[int, str]] = []
+    seen = continuations if continuations is not None else set()
     seq = revision
     for index, record in enumerate(records):
         seq += 1
+        if record["type"] == "continuation":
+            if record["covers_to_seq"] > revision:
+                errors.append((index, "covers_to_seq is beyond the session's revision before the batch"))
+            else:
+                seen.add(seq)
+            continue
         problem = _causal_problem(calls, seq, record)
+        if problem is None and record["type"] == "summary":
+            first, last = record["covers"]["from_seq"], record["covers"]["to_seq"]
+            if any(first <= c <= last for c in seen):
+                problem = "covers a continuation record"
         if problem is not None:
             errors.append((index, problem))
             continue

@@ -1,4 +1,4 @@
-"""The journal's record profile (API.md section 12): four record types, strict, versioned by `schema`.
+"""The journal's record profile (API.md section 12): five record types, strict, versioned by `schema`.
 
 A record is decoded strictly (unknown fields rejected) only after its `schema` version has been read
 leniently: a version newer than this service knows is refused, never interpreted as an older one.
@@ -68,7 +68,23 @@ class Summary(Struct, tag_field="type", tag="summary", forbid_unknown_fields=Tru
     schema: SchemaVersion = 1
 
 
-JournalRecord = Message | ToolCall | ToolResult | Summary
+class Continuation(Struct, tag_field="type", tag="continuation", forbid_unknown_fields=True):
+    """Opaque provider state continuing records 1..covers_to_seq (domain/journal_continuations.py).
+    `payload` (base64) is taken out before the record is stored: stored, it reads `null`."""
+
+    provider: Text
+    adapter: Text
+    account: Text
+    model_class: Text
+    covers_to_seq: Annotated[int, Meta(ge=0, le=2**31 - 1)]
+    expires_at: Annotated[str, Meta(min_length=1, max_length=64)]
+    classification: Literal["internal", "confidential", "restricted"]
+    payload: Annotated[str, Meta(min_length=1, max_length=90_000)]  # 64 KiB decoded, checked at append
+    response_id: Annotated[str, Meta(min_length=1, max_length=512)] | None = None
+    schema: SchemaVersion = 1
+
+
+JournalRecord = Message | ToolCall | ToolResult | Summary | Continuation
 
 
 class AppendBody(Struct, forbid_unknown_fields=True):

@@ -15,6 +15,8 @@ from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import Pools
 from effect_ledger.db.receipt_log import LogGuard, background_log
+from effect_ledger.domain.approvals import parse_policy
+from effect_ledger.http.approvals import ApprovalsController
 from effect_ledger.http.audit import AuditController
 from effect_ledger.http.auth import TokenVerifier
 from effect_ledger.http.console import (
@@ -32,6 +34,7 @@ from effect_ledger.http.fastpath import ExecutorFastPath
 from effect_ledger.http.health import livez, readyz
 from effect_ledger.http.incidents import incident_spool
 from effect_ledger.http.journal import JournalController
+from effect_ledger.http.journal_continuations import load_key_ring
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
@@ -55,6 +58,7 @@ ROUTES: list[Any] = [
     AuditController,
     LogController,
     JournalController,
+    ApprovalsController,
     metrics_endpoint,
     *CONSOLE_ROUTES,
 ]
@@ -123,6 +127,9 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.settings = settings
     app.state.log_guard = log_guard
     app.state.log_signer = signer_from_settings(settings) if settings.log_enabled else None
+
+    app.state.approval_policy = parse_policy(settings.approval_policy)
+    app.state.journal_state_keys = load_key_ring(settings)
     return app
 
 

@@ -7,9 +7,12 @@ from typing import Any, NamedTuple
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
+from msgspec import UNSET
 
+from effect_ledger.db import approvals as approval_repo
 from effect_ledger.db import ledger as repo
 from effect_ledger.db.ledger import Ledger
+from effect_ledger.domain.approvals import ApprovalPolicy
 from effect_ledger.domain.claims import ClaimRequest
 from effect_ledger.domain.errors import not_found
 from effect_ledger.domain.model import Binding, Operation, operation_view
@@ -83,10 +86,36 @@ def claim_request(operation_id: str, caller: Caller, body: ClaimBody) -> ClaimRe
     )
 
 
+def approval_ask(state: Any, tenant: str, body: ClaimBody) -> dict[str, Any] | None:
+    """What the approval gate needs when a rule of APPROVAL_POLICY covers the tool; else None."""
+    policy: ApprovalPolicy | None = state.approval_policy
+    rule = None if policy is None else policy.rule_for(tenant, body.tool)
+    if rule is None:
+        return None
+    return approval_repo.claim_ask(rule, body.intent, body.intent is not UNSET, body.approval_note)
+
+
+def observe_approval(state: Any, ask: dict[str, Any] | None, result: repo.ClaimResult) -> None:
+    """Count the approval events a gated claim committed: `requested` (the request carries the ID this
+    claim proposed) or `consumed` (an attempt was granted through it)."""
+    if ask is None or result.approval is None:
+        return
+    metrics = state.metrics
+    if result.approval["approval_id"] == ask["approval_id"]:
+        metrics.approval_event("requested")
+    if result.verdict in ("created", "new_attempt"):
+        metrics.approval_event("consumed")
+
+
 def claim_answer(operation_id: str, result: repo.ClaimResult) -> Reply:
-    """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal."""
+    """201 execute (with Location; replayed: Idempotent-Replayed), 200 reuse_receipt, or the refusal
+    (approval_required / approval_denied carry the request's view as `approval`)."""
     if result.refusal is not None:
-        raise result.refusal.error()
+        error = result.refusal.error()
+        if result.verdict in repo.APPROVAL_REFUSALS:
+            error.extensions["approval"] = result.approval
+        raise error
+    assert result.operation is not None
     view = operation_view(result.operation)
     if result.verdict == "reuse_receipt":
         return Reply(200, {"action": "reuse_receipt", "operation": view})
@@ -99,16 +128,22 @@ def claim_answer(operation_id: str, result: repo.ClaimResult) -> Reply:
 
 
 # The four executor calls, shared by the routed handlers below and by http.fastpath (same code, same
-# answers): each takes the verified caller, the ledger, the operation ID and the strictly decoded body.
+# answers): each takes the app's state, the ledger, the verified caller, the operation ID and the strictly
+# decoded body.
 
 
-async def run_claim(ledger: Ledger, caller: Caller, operation_id: str, data: ClaimBody) -> Reply:
-    """Claim (with `submit`, submit too)."""
+async def run_claim(state: Any, ledger: Ledger, caller: Caller, operation_id: str, data: ClaimBody) -> Reply:
+    """Claim (with `submit`, submit too); gated where a rule of APPROVAL_POLICY (in `state`) covers it."""
     req = claim_request(operation_id, caller, data)
-    return claim_answer(operation_id, await repo.claim(ledger, caller.tenant, req, data.client_nonce))
+    ask = approval_ask(state, caller.tenant, data)
+    result = await repo.claim(ledger, caller.tenant, req, data.client_nonce, ask)
+    observe_approval(state, ask, result)
+    return claim_answer(operation_id, result)
 
 
-async def run_submit(ledger: Ledger, caller: Caller, operation_id: str, data: SubmitBody) -> Reply:
+async def run_submit(
+    state: Any, ledger: Ledger, caller: Caller, operation_id: str, data: SubmitBody
+) -> Reply:
     """pending -> submitted."""
     outcome = await repo.submit(
         ledger, caller.tenant, operation_id, data.token, data.effect_ref, data.lease_seconds
@@ -116,13 +151,17 @@ async def run_submit(ledger: Ledger, caller: Caller, operation_id: str, data: Su
     return answer(outcome, caller)
 
 
-async def run_heartbeat(ledger: Ledger, caller: Caller, operation_id: str, data: HeartbeatBody) -> Reply:
+async def run_heartbeat(
+    state: Any, ledger: Ledger, caller: Caller, operation_id: str, data: HeartbeatBody
+) -> Reply:
     """Extend the lease."""
     outcome = await repo.heartbeat(ledger, caller.tenant, operation_id, data.token, data.lease_seconds)
     return answer(outcome, caller)
 
 
-async def run_complete(ledger: Ledger, caller: Caller, operation_id: str, data: CompleteBody) -> Reply:
+async def run_complete(
+    state: Any, ledger: Ledger, caller: Caller, operation_id: str, data: CompleteBody
+) -> Reply:
     """Record the outcome (and complete(unknown)'s diagnostics as an incident)."""
     incident = outcome_incident(caller, operation_id, data)
     report = Report(
@@ -158,14 +197,22 @@ class ExecutorController(Controller):
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[ClaimBody]
     ) -> Response[Any]:
         """Claim an operation ID (with `submit`, submit it too): 201 execute, 200 reuse_receipt, a problem."""
-        return respond(await run_claim(writing_ledger_of(request), caller_of(request), operation_id, data))
+        return respond(
+            await run_claim(
+                request.app.state, writing_ledger_of(request), caller_of(request), operation_id, data
+            )
+        )
 
     @post("/submit", guards=[requires(EXECUTE)], status_code=200, **strict(SubmitBody))
     async def submit(
         self, request: Request[Any, Any, Any], operation_id: OperationId, data: JSONBody[SubmitBody]
     ) -> Response[Any]:
         """pending -> submitted; call it before sending the effect."""
-        return respond(await run_submit(writing_ledger_of(request), caller_of(request), operation_id, data))
+        return respond(
+            await run_submit(
+                request.app.state, writing_ledger_of(request), caller_of(request), operation_id, data
+            )
+        )
 
     @post("/heartbeat", guards=[requires(EXECUTE)], status_code=200, **strict(HeartbeatBody))
     async def heartbeat(
@@ -173,7 +220,9 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Extend the current attempt's lease to database now + lease_seconds."""
         return respond(
-            await run_heartbeat(writing_ledger_of(request), caller_of(request), operation_id, data)
+            await run_heartbeat(
+                request.app.state, writing_ledger_of(request), caller_of(request), operation_id, data
+            )
         )
 
     @post("/complete", guards=[requires(EXECUTE)], status_code=200, **strict(CompleteBody))
@@ -182,7 +231,11 @@ class ExecutorController(Controller):
     ) -> Response[Any]:
         """Record committed, not_applied or unknown (a late report from unknown too); complete(unknown)'s
         diagnostics are stored with the transition, and the answer names their incident."""
-        return respond(await run_complete(writing_ledger_of(request), caller_of(request), operation_id, data))
+        return respond(
+            await run_complete(
+                request.app.state, writing_ledger_of(request), caller_of(request), operation_id, data
+            )
+        )
 
     @get("/", guards=[requires(EXECUTE, RECONCILE, AUDIT)])
     async def read(self, request: Request[Any, Any, Any], operation_id: OperationId) -> Response[Any]:

@@ -51,7 +51,7 @@ class Route:
 
     template: str
     body: type[msgspec.Struct]
-    run: Callable[[Ledger, Any, str, Any], Awaitable[Reply]]
+    run: Callable[[Any, Ledger, Any, str, Any], Awaitable[Reply]]
 
 
 _TEMPLATE = OPERATION_PATH.replace("{operation_id:str}", "{operation_id}")
@@ -139,7 +139,7 @@ class ExecutorFastPath:
             await self.app(scope, _replaying(chunks, more, receive), send)
             return
         try:
-            reply = await route.run(state.ledger, caller, operation_id, data)
+            reply = await route.run(state, state.ledger, caller, operation_id, data)
         except LedgerError as error:
             scope[PROBLEM_CODE_KEY] = error.code  # type: ignore[literal-required]
             await send_problem(send, error)

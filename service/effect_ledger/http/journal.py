@@ -30,6 +30,13 @@ from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.tokens import nonce_hash
 from effect_ledger.http.auth import AUDIT, JOURNAL_READ, JOURNAL_WRITE, Caller, requires
 from effect_ledger.http.context import caller_of, ledger_of
+from effect_ledger.http.journal_continuations import (
+    CONTEXT_PARAMS,
+    Continuations,
+    key_ring_of,
+    take_payloads,
+    wanted_from,
+)
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.paging import QueryProblems
 from effect_ledger.http.schemas import StrictBody, strict, strict_convert
@@ -168,6 +175,7 @@ class JournalController(Controller):
             body = data
             caller = caller_of(request)
             records = [stored_form(r) for r in body.records]
+            payloads = take_payloads(records, key_ring_of(request))  # before anything else sees them
             cmd = AppendCommand(
                 body.expected_revision,
                 records,
@@ -175,7 +183,7 @@ class JournalController(Controller):
             )
             line.update(expected_revision=body.expected_revision, records=len(records))
             decision = await repo.append(
-                ledger_of(request), caller.tenant, caller.principal, sid, cmd, _caps(request)
+                ledger_of(request), caller.tenant, caller.principal, sid, cmd, _caps(request), payloads
             )
             if isinstance(decision, LedgerError):
                 raise decision
@@ -239,34 +247,56 @@ class JournalController(Controller):
         session_id: FromPath[str],
         max_records: FromQuery[str | None] = None,
         max_bytes: FromQuery[str | None] = None,
+        provider: FromQuery[str | None] = None,
+        adapter: FromQuery[str | None] = None,
+        account: FromQuery[str | None] = None,
+        model_class: FromQuery[str | None] = None,
     ) -> Response[Any]:
-        """The records to send with a new model request, selected under the bounds, losses counted."""
+        """The records to send with a new model request, selected under the bounds, losses counted;
+        with provider, adapter, account and model_class, the newest compatible continuation too."""
         metrics = _metrics(request)
         async with metrics.observe("context") as line:
             line["session_id"] = sid = _session_id(session_id)
-            q = QueryProblems(request, ("max_records", "max_bytes"))
+            q = QueryProblems(request, CONTEXT_PARAMS)
             most_records = _optional_int(q, "max_records", max_records, 0)
             most_bytes = _optional_int(q, "max_bytes", max_bytes, 0)
+            wanted = wanted_from(q, (provider, adapter, account, model_class))
             q.check()
             caller = caller_of(request)
-            snap = await repo.read_session(ledger_of(request), caller.tenant, sid, _reader(caller))
+            judged: list[Continuations] = []
+
+            def candidates(snapshot: repo.SessionSnapshot, now: Any) -> list[tuple[int, str]]:
+                judged.append(Continuations(snapshot, wanted))
+                return judged[0].candidates(now)
+
+            read = await repo.read_for_context(
+                ledger_of(request), caller.tenant, sid, _reader(caller), key_ring_of(request), candidates
+            )
+            snap = read.snapshot
             line["revision"] = snap.revision
-            records = [(seq, r) for seq, _, r in snap.records]
-            chosen = select_context(records, most_records, most_bytes, snap.sizes)
+            continuations = judged[0] if judged else Continuations(snap, wanted)
+            if not judged:
+                continuations.candidates(read.now)
+            chosen = select_context(continuations.others, most_records, most_bytes, snap.sizes)
             if isinstance(chosen, LedgerError):
                 raise chosen
             metrics.omitted.inc(chosen.omitted_records)
             line.update(
                 kept=len(chosen.seqs), omitted=chosen.omitted_records, summarized=len(chosen.summarized)
             )
-        wanted = set(chosen.seqs)
+        kept = set(chosen.seqs)
+        extra = continuations.answer(read.handed, read.unreadable)
+        omitted: dict[str, Any] = {"records": chosen.omitted_records, "bytes": chosen.omitted_bytes}
+        if "omitted_continuations" in extra:
+            omitted["continuations"] = extra.pop("omitted_continuations")
         return Response(
             {
                 "revision": snap.revision,
-                "records": [record_view(seq, at, r) for seq, at, r in snap.records if seq in wanted],
-                "omitted": {"records": chosen.omitted_records, "bytes": chosen.omitted_bytes},
+                "records": [record_view(seq, at, r) for seq, at, r in snap.records if seq in kept],
+                "omitted": omitted,
                 "summarized": chosen.summarized,
                 "unresolved": chosen.unresolved,
+                **extra,
             }
         )
 

@@ -44,7 +44,10 @@ CLAIM_RESULTS = {
     "operation_in_progress": "in_progress",
     "outcome_unknown": "outcome_unknown",
     "intent_conflict": "intent_conflict",
+    "approval_required": "approval_required",
+    "approval_denied": "approval_denied",
 }
+APPROVAL_EVENTS = ("requested", "approved", "denied", "revoked", "expired", "consumed")
 # Retry amplification: a claim that starts an operation is its first attempt; every other claim of a
 # known ID is a re-attempt (a reclaim after an expired lease or not_applied, a replayed claim whose
 # answer was lost, a claim bounced by a live lease, a repeat answered by the receipt or outcome_unknown).
@@ -116,6 +119,9 @@ class Metrics:
             " behind the signer, the signer's refusal).",
             ["reason"],
             registry=r,
+        )
+        self.approvals = Counter(
+            "effect_ledger_approvals", "Approval events committed, by kind.", ["event"], registry=r
         )
         self.transitions = Counter(
             "effect_ledger_transitions",
@@ -232,6 +238,8 @@ class Metrics:
         build.labels(__version__).set(1)
         for result in CLAIM_RESULTS.values():
             self.claims.labels(result)
+        for kind in APPROVAL_EVENTS:
+            self.approvals.labels(kind)
         for source, target in TRANSITIONS:
             self.transitions.labels(source, target)
         for cause in ("reported", "lease_expired"):
@@ -268,6 +276,10 @@ class Metrics:
             self.refusals.labels(call, outcome).inc()
         for event in events:
             self._count_event(call, event)
+
+    def approval_event(self, kind: str) -> None:
+        """Count one committed approval event (db.approvals.ApprovalObserver)."""
+        self.approvals.labels(kind).inc()
 
     def _count_event(self, call: str, event: EventDraft) -> None:
         source, target = event.from_status, event.to_status

@@ -56,6 +56,7 @@ class ClaimBody(Struct, forbid_unknown_fields=True):
     lease_seconds: LeaseSeconds = 30
     client_nonce: Annotated[str, Meta(min_length=16, max_length=128)] | None = None
     submit: ClaimSubmit | None = None
+    approval_note: Annotated[str, Meta(max_length=2000)] | None = None  # shown to approvers (section 15)
 
 
 class SubmitBody(Struct, forbid_unknown_fields=True):

@@ -12,6 +12,7 @@ from typing import Any
 from litestar.static_files import create_static_files_router
 
 from effect_ledger.http.console.actions import ConsoleActions
+from effect_ledger.http.console.approvals import ConsoleApprovals
 from effect_ledger.http.console.errors import ConsoleHeaders, console_aware
 from effect_ledger.http.console.pages import ConsolePages
 from effect_ledger.http.console.render import STATIC, template_config
@@ -22,6 +23,7 @@ __all__ = ["CONSOLE_ROUTES", "ConsoleHeaders", "Sealer", "console_aware", "sessi
 CONSOLE_ROUTES: list[Any] = [
     ConsolePages,
     ConsoleActions,
+    ConsoleApprovals,
     create_static_files_router(
         path="/console/static", directories=[STATIC], include_in_schema=False, name="console_static"
     ),

@@ -13,7 +13,7 @@ from litestar.response import Template
 from litestar.template import TemplateConfig
 
 from effect_ledger.domain.timefmt import parse_ts
-from effect_ledger.http.auth import AUDIT, DIAG_READ, RECONCILE
+from effect_ledger.http.auth import APPROVE, AUDIT, DIAG_READ, RECONCILE
 from effect_ledger.http.console.session import ConsoleSession
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -26,6 +26,7 @@ NAV: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("/console/receipts", "Receipts", frozenset({AUDIT})),
     ("/console/incidents", "Incidents", frozenset({DIAG_READ})),
     ("/console/access-log", "Access log", frozenset({AUDIT})),
+    ("/console/approvals", "Approvals", frozenset({APPROVE})),
 )
 
 
