@@ -221,7 +221,9 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(settings: Sett
     from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection
 
-    async with Service(settings) as off, off.client() as client:  # the log is not running
+    # the log is not running; 600 claims of one principal in a burst would meet the rate limit
+    unlimited = replace(settings, rate_limit_per_second=0)
+    async with Service(unlimited) as off, off.client() as client:
         ops = [f"op-{i:03d}" for i in range(600)]
         for op in ops:
             await committed(client, op)
