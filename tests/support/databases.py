@@ -10,6 +10,7 @@ fresh clone. So a test may still REVOKE, ALTER or ANALYZE: it only costs the one
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 import os
 from urllib.parse import urlsplit
 
@@ -91,31 +92,55 @@ async def fingerprint(url: str) -> str:
         await conn.close()
 
 
-async def catalogue(url: str) -> tuple[str, list[str], list[str]]:
-    """The template's fingerprint, tables and sequences (a clean database has the same)."""
+def filled_query(tables: list[str]) -> str:
+    """One round trip: which of `tables` hold rows."""
+    cases = ", ".join(f"CASE WHEN EXISTS (SELECT FROM {t}) THEN '{t}' END" for t in tables)
+    return f"SELECT array_remove(ARRAY[{cases or 'NULL'}]::text[], NULL)"
+
+
+def contents_query(tables: list[str]) -> str:
+    """One round trip: a digest of every row of `tables`."""
+    digests = ", ".join(
+        f"(SELECT '{t} ' || coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '') FROM {t} x)"
+        for t in tables
+    )
+    return f"SELECT concat_ws(' | ', {digests or 'NULL'})"
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """What a clean database holds besides empty tables: the template's catalogue and its own rows."""
+
+    fingerprint: str
+    tables: list[str]  # emptied after a test
+    seeded: list[str]  # tables with rows in the template (alembic_version): kept, their rows checked
+    seed_digest: str
+    sequences: list[str]
+
+
+async def catalogue(url: str) -> Catalogue:
+    """The template's catalogue (a clean database has the same)."""
     conn = await asyncpg.connect(url)
     try:
         found = str(await conn.fetchval(FINGERPRINT))
         tables = [r[0] for r in await conn.fetch(USER_TABLES)]
+        seeded = list(await conn.fetchval(filled_query(tables)))
+        digest = str(await conn.fetchval(contents_query(seeded)))
         sequences = [r[0] for r in await conn.fetch(USER_SEQUENCES)]
     finally:
         await conn.close()
-    return found, tables, sequences
+    return Catalogue(found, [t for t in tables if t not in seeded], seeded, digest, sequences)
 
 
 class Databases:
     """Hands each test a clean migrated database: the previous test's, emptied, or a fresh clone."""
 
-    def __init__(
-        self, admin_url: str, template: str, template_catalogue: tuple[str, list[str], list[str]]
-    ) -> None:
+    def __init__(self, admin_url: str, template: str, template_catalogue: Catalogue) -> None:
         self.admin_url = admin_url
         self.template = template
-        self.template_fingerprint, self.tables, self.sequences = template_catalogue
-        # one round trip: which tables hold rows (only those are truncated: a TRUNCATE makes new files)
-        self.filled = "SELECT array_remove(ARRAY[{}]::text[], NULL)".format(
-            ", ".join(f"CASE WHEN EXISTS (SELECT FROM {t}) THEN '{t}' END" for t in self.tables) or "NULL"
-        )
+        self.catalogue = template_catalogue
+        self.filled = filled_query(template_catalogue.tables)  # only those are truncated (new files)
+        self.contents = contents_query(template_catalogue.seeded)
         self.counter = itertools.count()
         self.clean: str | None = None  # the name of an emptied database that matches the template
         self.clones = 0
@@ -157,7 +182,9 @@ class Databases:
             return False  # e.g. the test set CONNECTION LIMIT 0 and failed before lifting it
         try:
             await conn.execute(OTHERS.replace("$1", "current_database()"))  # what the test left open
-            if await conn.fetchval(FINGERPRINT) != self.template_fingerprint:
+            if await conn.fetchval(FINGERPRINT) != self.catalogue.fingerprint:
+                return False
+            if await conn.fetchval(self.contents) != self.catalogue.seed_digest:
                 return False
             tables = list(await conn.fetchval(self.filled))
             async with conn.transaction():
@@ -166,7 +193,7 @@ class Databases:
                 await conn.execute("SET LOCAL session_replication_role = replica")
                 if tables:
                     await conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
-                for sequence in self.sequences:
+                for sequence in self.catalogue.sequences:
                     await conn.execute(f"ALTER SEQUENCE {sequence} RESTART")
             return True
         except (OSError, asyncpg.PostgresError, TimeoutError):
