@@ -28,6 +28,7 @@ from support.database import trade_durability_for_speed, with_database
 from support.databases import Databases, catalogue
 from support.server import Service
 
+
 @pytest.fixture(scope="session")
 def pg_admin_url() -> Iterator[str]:
     """The owner URL of the server under test: EFFECT_LEDGER_DATABASE_URL, or an embedded PostgreSQL."""

@@ -10,8 +10,8 @@ fresh clone. So a test may still REVOKE, ALTER or ANALYZE: it only costs the one
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -80,7 +80,9 @@ USER_SEQUENCES = f"""
 SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid >= {USER_OBJECT} AND c.relkind = 'S' ORDER BY 1
 """
-OTHERS = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
+OTHERS = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
+)
 
 
 async def fingerprint(url: str) -> str:
