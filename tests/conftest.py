@@ -1,12 +1,13 @@
-"""Shared fixtures: one real PostgreSQL per run, a migrated template, a fresh clone per test.
+"""Shared fixtures: one real PostgreSQL per run, a migrated template, a clean database per test.
 
-Everything else the tests share is in the `support` package (tests/support/).
+`db_url` is the previous test's database emptied (a fresh clone only after a test that changed more
+than rows: support/databases.py); `module_db_url` is one clone shared by a module's tests. How to write
+a fast test: tests/README.md. Everything else the tests share is in the `support` package (tests/support/).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import shutil
 import tempfile
@@ -24,9 +25,8 @@ from effect_ledger.settings import Settings
 from support import citus_cluster
 from support.auth import TEST_SECRET
 from support.database import trade_durability_for_speed, with_database
+from support.databases import Databases, catalogue
 from support.server import Service
-
-_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -74,22 +74,60 @@ async def template_url(pg_admin_url: str, on_citus: bool) -> AsyncIterator[str]:
         await admin.close()
 
 
-@pytest.fixture
-async def db_url(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncIterator[str]:
-    """A fresh database for one test, cloned from the migrated template (on Citus: the template, wiped)."""
+@pytest.fixture(scope="session")
+async def databases(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncIterator[Databases | None]:
+    """The clean databases handed to tests (plain PostgreSQL only: on Citus, None)."""
     if on_citus:
+        yield None
+        return
+    template = urlsplit(template_url).path.lstrip("/")
+    kept = Databases(pg_admin_url, template, await catalogue(template_url))
+    _DATABASES.append(kept)
+    try:
+        yield kept
+    finally:
+        await kept.close()
+
+
+_DATABASES: list[Databases] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many tests got an emptied database and how many a fresh clone (the clones are the cost)."""
+    for kept in _DATABASES:
+        terminalreporter.write_line(
+            f"test databases: {kept.reuses} reused emptied, {kept.clones} cloned from the template"
+            f" (each clone follows a test that changed more than rows: support/databases.py)"
+        )
+
+
+@pytest.fixture
+async def db_url(databases: Databases | None, template_url: str) -> AsyncIterator[str]:
+    """A clean migrated database for one test: as if cloned from the template (on Citus: the template,
+    wiped). The test may change anything in it; only its rows are cheap to undo (support/databases.py)."""
+    if databases is None:
         await citus_cluster.wipe(template_url)
         yield template_url
         return
-    template = urlsplit(template_url).path.lstrip("/")
-    name = f"el_test_{os.getpid()}_{next(_counter)}"
-    admin = await asyncpg.connect(pg_admin_url)
+    url = await databases.take()
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        yield with_database(pg_admin_url, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        yield url
     finally:
-        await admin.close()
+        await databases.give_back(url)
+
+
+@pytest.fixture(scope="module")
+async def module_db_url(databases: Databases | None, template_url: str) -> AsyncIterator[str]:
+    """One clone for all the tests of a module: for a large seed that its tests only read."""
+    if databases is None:
+        await citus_cluster.wipe(template_url)
+        yield template_url
+        return
+    name = await databases.clone()
+    try:
+        yield with_database(databases.admin_url, name)
+    finally:
+        await databases.drop(name)
 
 
 @pytest.fixture

@@ -57,15 +57,26 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    """A headless system Chromium; Playwright gives each launch a fresh, empty profile."""
+@pytest.fixture(scope="module")
+async def chromium() -> AsyncIterator[Browser]:
+    """One headless system Chromium for the module (a launch costs a second or two); Playwright gives
+    the launch a fresh, empty profile."""
     async with async_playwright() as pw:
         launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             yield launched
         finally:
             await launched.close()
+
+
+@pytest.fixture
+async def browser(chromium: Browser) -> AsyncIterator[Browser]:
+    """The module's Chromium for one test: every page is in a new context (its own cookies and
+    storage, as a fresh profile's), and every context the test opened is closed after it."""
+    assert not chromium.contexts
+    yield chromium
+    for context in chromium.contexts:
+        await context.close()
 
 
 async def new_page(browser: Browser, service: Service, width: int = 1280, height: int = 860) -> Page:

@@ -62,22 +62,35 @@ class Op:
 Expected = tuple[int, str | None]  # status, problem code
 
 
+class InProcess:
+    """Hypothesis runs the rules in a thread; each call runs on the service's event loop, in process
+    (httpx's ASGI transport: the whole app, without a socket and an HTTP server in between)."""
+
+    def __init__(self, client: httpx.AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.loop = loop
+
+    def request(
+        self, method: str, path: str, *, json: dict[str, Any] | None, headers: dict[str, str]
+    ) -> httpx.Response:
+        call = self.client.request(method, path, json=json, headers=headers)
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout=60)
+
+
 class LedgerMachine(RuleBasedStateMachine):
     """The service and the model side by side; each rule checks the answer against the model."""
 
-    base_url: ClassVar[str]
+    http: ClassVar[InProcess]
     db_url: ClassVar[str]
     steps: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
-        self.http = httpx.Client(base_url=self.base_url, timeout=30)
         self.db = psycopg.connect(self.db_url, autocommit=True)
         self.prefix = uuid.uuid4().hex[:10]
         self.ops: dict[str, Op] = {}
 
     def teardown(self) -> None:
-        self.http.close()
         self.db.close()
 
     def _id(self, i: int) -> str:
@@ -283,8 +296,8 @@ async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     with scenario(request, "state_machine") as figures:
-        async with Service(config) as service:
-            machine.base_url = service.base_url
+        async with Service(config) as service, service.client() as client:
+            machine.http = InProcess(client, asyncio.get_running_loop())
             try:
                 await asyncio.to_thread(run_state_machine_as_test, machine, settings=runs)
             except BaseException as failure:

@@ -89,8 +89,10 @@ def lease(i: int) -> datetime | None:
     return START if (i // len(STATUSES)) % 2 else NOW + timedelta(days=1)
 
 
-@pytest.fixture
-async def populated(db_url: str) -> str:
+@pytest.fixture(scope="module")
+async def populated(module_db_url: str) -> str:
+    """The seed, written once for the module: its tests only read (EXPLAIN and the pages)."""
+    db_url = module_db_url
     rows = [
         Seed(
             f"t{t}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -75,10 +76,19 @@ class ServiceProcess:
             )
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown, no flushing; whatever was in flight is cut."""
+        """SIGKILL: no shutdown, no flushing; whatever was in flight is cut.
+
+        The whole process group (start_new_session made the server its leader): SIGKILL to the server
+        alone left its HTTP worker process serving the port and holding database connections.
+        """
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
+        self._kill_group()
         self.process.wait()
+
+    def _kill_group(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     async def stop(self) -> None:
         """Stop gracefully (SIGTERM), killing it if it takes too long; remove its work directory."""
@@ -88,6 +98,8 @@ class ServiceProcess:
                 await asyncio.to_thread(self.process.wait, 15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.process is not None:
+            self._kill_group()  # a worker that outlived its server (after a kill, or a stuck shutdown)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from litestar import Litestar
+from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.openapi.spec import (
     Components,
+    OpenAPI,
     OpenAPIMediaType,
     OpenAPIResponse,
     OpenAPIType,
@@ -53,9 +55,28 @@ def _problem(status: int) -> OpenAPIResponse:
     )
 
 
+class _ProblemsDocumented(OpenAPIPlugin):
+    """Litestar's OpenAPI plugin, adding the problem answers when the document is first built."""
+
+    __slots__ = ()
+
+    def provide_openapi(self) -> OpenAPI:
+        if not self._openapi:
+            self._openapi = self._build_openapi()
+            _add_problems(self._openapi)
+        return self._openapi
+
+
 def document_problems(app: Litestar) -> None:
-    """Add the Problem schema and every problem answer a /v1 route can give to the cached document."""
-    document = app.openapi_schema
+    """Add the Problem schema and every problem answer a /v1 route can give to the document.
+
+    The document is built on its first use (GET /schema, `effect-ledger schema`), not with the app:
+    building it costs about as much as the rest of `create_app` together (every worker, every test).
+    """
+    app.plugins.get(OpenAPIPlugin).__class__ = _ProblemsDocumented
+
+
+def _add_problems(document: OpenAPI) -> None:
     components = document.components if isinstance(document.components, Components) else Components()
     components.schemas = {**(components.schemas or {}), "Problem": PROBLEM_SCHEMA}
     document.components = components
