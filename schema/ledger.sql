@@ -35,6 +35,35 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION ledger.append_event(tenant text, operation_id text, seq integer, prev_hash text, at timestamp with time zone, kind text, actor text, from_status text, to_status text, attempt integer, data text) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    digest constant text := ledger.event_hash(
+        prev_hash, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data);
+    body constant jsonb := data::jsonb;
+BEGIN
+    INSERT INTO ledger.events (
+        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
+    VALUES (tenant, operation_id, seq, at, kind, actor, from_status, to_status, attempt, body, prev_hash, digest);
+    -- The event as the functions answer it (their `events` output, read by db/ledger.returned_events).
+    RETURN jsonb_build_object('seq', seq, 'at', at, 'kind', kind, 'actor', actor, 'from_status', from_status,
+        'to_status', to_status, 'attempt', attempt, 'data', body, 'prev_hash', prev_hash, 'hash', digest);
+END
+$$;
+
+CREATE FUNCTION ledger.bind_tenant(tenant text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF current_setting('citus.propagate_set_commands', true) IS NULL THEN
+        PERFORM set_config('effect_ledger.tenant', tenant, true);
+    ELSE
+        PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
+    END IF;
+END
+$$;
+
 CREATE TABLE ledger.operations (
     tenant_id text NOT NULL,
     operation_id text NOT NULL,
@@ -65,158 +94,134 @@ CREATE TABLE ledger.operations (
     purged_hash text,
     receipt_digest text,
     CONSTRAINT operations_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT operations_chain_hash_check CHECK ((chain_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_chain_hash_check CHECK (((length(chain_hash) = 64) AND (chain_hash !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_chain_seq_check CHECK ((chain_seq >= 0)),
     CONSTRAINT operations_committed_receipt CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL) OR (receipt_digest IS NOT NULL))),
     CONSTRAINT operations_feed_position_check CHECK ((feed_position >= 1)),
-    CONSTRAINT operations_intent_digest_check CHECK ((intent_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_intent_digest_check CHECK (((length(intent_digest) = 71) AND ("left"(intent_digest, 7) = 'sha256:'::text) AND (substr(intent_digest, 8) !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 3600))),
     CONSTRAINT operations_not_applied_reason CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL) OR (purged_seq IS NOT NULL))),
-    CONSTRAINT operations_operation_id_check CHECK ((operation_id ~ '^[A-Za-z0-9._:~-]{1,200}$'::text)),
+    CONSTRAINT operations_operation_id_check CHECK ((((length(operation_id) >= 1) AND (length(operation_id) <= 200)) AND (operation_id !~ '[^A-Za-z0-9._:~-]'::text))),
     CONSTRAINT operations_purge_point CHECK (((purged_seq IS NULL) = (purged_hash IS NULL))),
-    CONSTRAINT operations_purged_hash_check CHECK ((purged_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_purged_hash_check CHECK (((length(purged_hash) = 64) AND (purged_hash !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_purged_seq_check CHECK ((purged_seq >= 0)),
-    CONSTRAINT operations_receipt_digest_check CHECK ((receipt_digest ~ '^sha256:[0-9a-f]{64}$'::text)),
+    CONSTRAINT operations_receipt_digest_check CHECK (((length(receipt_digest) = 71) AND ("left"(receipt_digest, 7) = 'sha256:'::text) AND (substr(receipt_digest, 8) !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])))
 );
 
 ALTER TABLE ONLY ledger.operations FORCE ROW LEVEL SECURITY;
-
-CREATE FUNCTION ledger.append_events(o ledger.operations, events jsonb) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    e record;
-BEGIN
-    FOR e IN
-        SELECT * FROM jsonb_to_recordset(events) AS r(
-            seq integer, at timestamptz, kind text, actor text, from_status text, to_status text,
-            attempt integer, data jsonb, prev_hash text, hash text)
-    LOOP
-        INSERT INTO ledger.events (
-            tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
-            prev_hash, hash)
-        VALUES (o.tenant_id, o.operation_id, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status,
-                e.attempt, e.data, e.prev_hash, e.hash);
-    END LOOP;
-END
-$$;
-
-CREATE PROCEDURE ledger.chain_event(INOUT o ledger.operations, INOUT events jsonb, IN event_at timestamp with time zone, IN kind text, IN actor text, IN from_status text, IN to_status text, IN data text)
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    seq integer := o.chain_seq + 1;
-    content text := '{"actor":' || ledger.jcs_string(actor) || ',"at":' || ledger.jcs_string(ledger.ts_text(event_at))
-        || ',"attempt":' || o.attempt::text || ',"data":' || data
-        || ',"from_status":' || ledger.jcs_string(from_status) || ',"kind":' || ledger.jcs_string(kind)
-        || ',"operation_id":' || ledger.jcs_string(o.operation_id) || ',"seq":' || seq::text
-        || ',"to_status":' || ledger.jcs_string(to_status) || '}';
-    digest text := encode(sha256(convert_to(o.chain_hash || E'\n' || content, 'UTF8')), 'hex');
-BEGIN
-    events := events || jsonb_build_object(
-        'seq', seq, 'at', event_at, 'kind', kind, 'actor', actor, 'from_status', from_status,
-        'to_status', to_status, 'attempt', o.attempt, 'data', data::jsonb, 'prev_hash', o.chain_hash,
-        'hash', digest);
-    o.chain_seq := seq;
-    o.chain_hash := digest;
-END
-$$;
 
 CREATE FUNCTION ledger.claim(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean, effect_ref text, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
     now timestamptz;
-    won boolean;
+    lease_end timestamptz;
+    genesis constant text := repeat('0', 64);
+    claimed_data text;
+    submitted_data text;
+    claimed_hash text;
+    submitted_hash text;
+    e jsonb;
 BEGIN
-    PERFORM set_config('effect_ledger.tenant', tenant, true);
+    PERFORM ledger.bind_tenant(tenant);
     FOR round IN 1..3 LOOP
-        events := '[]';
         db_now := clock_timestamp();
         now := date_trunc('milliseconds', db_now);
-        op := NULL;
-        op.tenant_id := tenant;
-        op.operation_id := operation_id;
-        op.principal := principal;
-        op.tool := tool;
-        op.tool_version := tool_version;
-        op.intent_digest := intent_digest;
-        op.attempt := 1;
-        op.created_at := now;
-        op.chain_seq := 0;
-        op.chain_hash := repeat('0', 64);  -- the genesis hash: `claimed` is seq 1
-        CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
-        CALL ledger.chain_event(op, events, now, 'claimed', principal, NULL, 'pending',
-            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at)) || '}');
+        lease_end := now + make_interval(secs => lease_seconds);
+        -- The new row's chain, hashed before the insert (its head is stored on the row): `claimed` is
+        -- seq 1 after the genesis hash, `submitted` seq 2 when asked to submit.
+        claimed_data := ledger.lease_data(lease_end);
+        claimed_hash := ledger.event_hash(genesis, operation_id, 1, now, 'claimed', principal, NULL, 'pending', 1,
+                                          claimed_data);
         IF submit THEN
-            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
+            submitted_data := ledger.submitted_data(effect_ref, lease_end);
+            submitted_hash := ledger.event_hash(claimed_hash, operation_id, 2, now, 'submitted', principal,
+                                                'pending', 'submitted', 1, submitted_data);
         END IF;
-        won := false;
-        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
+        INSERT INTO ledger.operations AS t (
+            tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+            claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at, effect_ref,
+            created_at, updated_at, submitted_at, chain_seq, chain_hash)
+        VALUES (
+            tenant, operation_id, principal, tool, tool_version, intent_digest,
+            CASE WHEN submit THEN 'submitted' ELSE 'pending' END, 1,
+            token_hash, nonce_hash, sealed_token, lease_seconds, lease_end,
+            CASE WHEN submit THEN effect_ref END, now, now, CASE WHEN submit THEN now END,
+            CASE WHEN submit THEN 2 ELSE 1 END, COALESCE(submitted_hash, claimed_hash))
+        ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
         -- Who won: the row holds our (random) token hash only if our insert made it. Not RETURNING ...
         -- INTO nor FOUND: on a Citus worker (the call delegated there) the skipped row is still counted.
-        won := EXISTS (SELECT 1 FROM ledger.operations AS o
-                       WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
-                         AND o.claim_token_hash = claim.token_hash);
-        IF won THEN
-            PERFORM ledger.append_events(op, events);
+        SELECT * INTO op FROM ledger.operations AS o
+        WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
+        CONTINUE WHEN op.tenant_id IS NULL;  -- purged since our insert conflicted: insert again
+        IF op.claim_token_hash = token_hash AND op.attempt = 1 AND op.created_at = now THEN
+            e := ledger.append_event(tenant, operation_id, 1, genesis, now, 'claimed', principal, NULL, 'pending',
+                                     1, claimed_data);
+            events := jsonb_build_array(e);
+            IF submit THEN
+                e := ledger.append_event(tenant, operation_id, 2, claimed_hash, now, 'submitted', principal,
+                                         'pending', 'submitted', 1, submitted_data);
+                events := events || e;
+            END IF;
             outcome := 'created';
             RETURN;
         END IF;
         events := '[]';
-        SELECT * INTO op FROM ledger.operations AS o
-        WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
-        CONTINUE WHEN NOT FOUND;  -- purged since our insert conflicted: insert again
-        db_now := clock_timestamp();
-        outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
-        IF outcome = 'new_attempt' THEN
-            -- decide again under the row lock: someone may have moved it since the unlocked read
-            SELECT * INTO op FROM ledger.operations AS o
-            WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
-            FOR UPDATE;
-            CONTINUE WHEN NOT FOUND;
+        FOR locked IN 0..1 LOOP
+            IF locked = 1 THEN
+                SELECT * INTO op FROM ledger.operations AS o
+                WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
+                FOR UPDATE;
+                EXIT WHEN op.tenant_id IS NULL;
+            END IF;
             db_now := clock_timestamp();
-            outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
-        END IF;
-        IF outcome <> 'new_attempt' THEN
-            RETURN;
-        END IF;
+            outcome := CASE
+                WHEN (op.principal, op.tool, op.tool_version, op.intent_digest)
+                     IS DISTINCT FROM (principal, tool, tool_version, intent_digest) THEN 'intent_conflict'
+                WHEN op.status = 'committed' THEN 'reuse_receipt'
+                WHEN op.status IN ('pending', 'submitted') AND COALESCE(op.lease_expires_at > db_now, false) THEN
+                    CASE WHEN nonce_hash IS NOT NULL AND op.client_nonce_hash = nonce_hash THEN 'replay'
+                         ELSE 'operation_in_progress' END
+                WHEN op.status NOT IN ('pending', 'not_applied') THEN 'outcome_unknown'
+                ELSE 'new_attempt'
+            END;
+            IF outcome <> 'new_attempt' THEN
+                RETURN;
+            END IF;
+        END LOOP;
+        CONTINUE WHEN op.tenant_id IS NULL;  -- purged between the two reads
+        -- >>> A gate that may refuse a new attempt goes here (the row is locked, nothing written yet):
+        -- set `outcome` to its refusal code and RETURN. The first claim's gate goes before the INSERT.
+        -- A new attempt: pending again with a new token and lease, no outcome; the old token is stale.
         now := date_trunc('milliseconds', db_now);
-        DECLARE
-            previous_status text := op.status;
-            previous_attempt integer := op.attempt;
-        BEGIN
-            op.attempt := op.attempt + 1;
-            CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
-            CALL ledger.chain_event(op, events, now, 'reclaimed', principal, previous_status, 'pending',
-                '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at))
-                || ',"previous_attempt":' || previous_attempt::text || '}');
-        END;
+        lease_end := now + make_interval(secs => lease_seconds);
+        e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'reclaimed', principal,
+            op.status, 'pending', op.attempt + 1,
+            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_end))
+            || ',"previous_attempt":' || op.attempt::text || '}');
+        events := jsonb_build_array(e);
         IF submit THEN
-            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
+            e := ledger.append_event(tenant, operation_id, op.chain_seq + 2, e ->> 'hash', now, 'submitted',
+                                     op.principal, 'pending', 'submitted', op.attempt + 1,
+                                     ledger.submitted_data(effect_ref, lease_end));
+            events := events || e;
         END IF;
-        PERFORM ledger.write_change(op, events);
+        UPDATE ledger.operations AS t SET
+            status = CASE WHEN submit THEN 'submitted' ELSE 'pending' END,
+            attempt = t.attempt + 1, claim_token_hash = claim.token_hash, client_nonce_hash = claim.nonce_hash,
+            sealed_token = claim.sealed_token, lease_seconds = claim.lease_seconds, lease_expires_at = lease_end,
+            effect_ref = CASE WHEN submit THEN claim.effect_ref END, receipt = NULL, not_applied_reason = NULL,
+            updated_at = now, submitted_at = CASE WHEN submit THEN now END, resolved_at = NULL,
+            resolved_by = NULL, chain_seq = (e ->> 'seq')::integer, chain_hash = e ->> 'hash'
+        WHERE t.tenant_id = claim.tenant AND t.operation_id = claim.operation_id
+        RETURNING * INTO op;
         RETURN;
     END LOOP;
     outcome := 'vanished';
     op := NULL;
+    events := '[]';
 END
-$$;
-
-CREATE FUNCTION ledger.claim_verdict(o ledger.operations, principal text, tool text, tool_version text, intent_digest text, nonce_hash bytea, clock timestamp with time zone) RETURNS text
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT CASE
-        WHEN (o.principal, o.tool, o.tool_version, o.intent_digest)
-             IS DISTINCT FROM (principal, tool, tool_version, intent_digest) THEN 'intent_conflict'
-        WHEN o.status = 'committed' THEN 'reuse_receipt'
-        WHEN o.status IN ('pending', 'submitted') AND COALESCE(o.lease_expires_at > clock, false) THEN
-            CASE WHEN nonce_hash IS NOT NULL AND o.client_nonce_hash = nonce_hash THEN 'replay'
-                 ELSE 'operation_in_progress' END
-        WHEN o.status NOT IN ('pending', 'not_applied') THEN 'outcome_unknown'
-        ELSE 'new_attempt'
-    END
 $$;
 
 CREATE FUNCTION ledger.complete(tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text, reason text, incident jsonb, OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb, OUT incident_ref text) RETURNS record
@@ -224,56 +229,94 @@ CREATE FUNCTION ledger.complete(tenant text, operation_id text, actor text, toke
     AS $$
 DECLARE
     status text;
-    incident_id text := incident ->> 'incident_id';
+    now timestamptz;
+    terminal constant boolean := outcome IN ('committed', 'not_applied');
+    incident_id constant text := incident ->> 'incident_id';
+    seq integer;
+    head text;
+    e jsonb;
 BEGIN
     events := '[]';
-    op := ledger.lock_operation(tenant, operation_id);
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+    FOR UPDATE;
     db_now := clock_timestamp();
-    IF op.tenant_id IS NULL THEN
-        outcome_code := 'not_found';
+    now := date_trunc('milliseconds', db_now);
+    status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
+                   THEN 'unknown' ELSE op.status END;
+    outcome_code := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN op.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN status IN ('committed', 'not_applied') THEN
+            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
+                 ELSE 'conflicting_outcome' END
+        WHEN outcome = 'unknown' AND status = 'pending' THEN 'invalid_transition'
+        WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> op.attempt
+            THEN 'validation_failed'  -- the diagnostics name another attempt: nothing is written
+        ELSE 'completed'
+    END;
+    IF outcome_code = 'conflicting_outcome' THEN  -- the disagreement is recorded, the state kept
+        e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'discrepancy', actor,
+                                 status, status, op.attempt,
+                                 ledger.discrepancy_data(op.status, outcome, receipt, reason, 'complete'));
+        events := jsonb_build_array(e);
+        UPDATE ledger.operations AS t SET chain_seq = t.chain_seq + 1, chain_hash = e ->> 'hash'
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+        RETURNING * INTO op;
         RETURN;
     END IF;
-    IF op.claim_token_hash IS DISTINCT FROM token_hash THEN
-        outcome_code := 'stale_claim';
+    IF outcome_code <> 'completed' THEN
         RETURN;
     END IF;
-    status := ledger.effective_status(op, db_now);
-    IF status IN ('committed', 'not_applied') THEN
-        IF ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN
-            outcome_code := 'unchanged';
-            RETURN;
-        END IF;
-        CALL ledger.record_discrepancy(op, events, db_now, actor, 'complete', outcome, receipt, reason);
-        PERFORM ledger.write_change(op, events);
-        outcome_code := 'conflicting_outcome';
-        RETURN;
+    seq := op.chain_seq;
+    head := op.chain_hash;
+    IF op.status = 'submitted' AND status = 'unknown' THEN  -- the lease ran out: materialise it first
+        seq := seq + 1;
+        e := ledger.append_event(tenant, operation_id, seq, head, now, 'lease_expired', 'effect-ledger',
+                                 'submitted', 'unknown', op.attempt, ledger.lease_data(op.lease_expires_at));
+        events := jsonb_build_array(e);
+        head := e ->> 'hash';
     END IF;
-    IF outcome = 'unknown' AND status = 'pending' THEN
-        outcome_code := 'invalid_transition';
-        RETURN;
-    END IF;
-    IF (incident ->> 'attempt')::integer IS DISTINCT FROM op.attempt AND incident ->> 'attempt' IS NOT NULL THEN
-        outcome_code := 'validation_failed';  -- the diagnostics name another attempt: nothing is written
-        RETURN;
-    END IF;
-    outcome_code := 'completed';
-    IF outcome = 'unknown' AND status = 'unknown' THEN
-        CALL ledger.expire_if_due(op, events, db_now);  -- already unknown: at most the expiry is recorded
-        outcome_code := CASE WHEN jsonb_array_length(events) > 0 THEN 'completed' ELSE 'unchanged' END;
+    IF outcome = 'unknown' AND op.status = 'unknown' THEN
+        -- already unknown: nothing to record; a repeat with diagnostics names the incident stored first
+        outcome_code := 'unchanged';
         incident_ref := CASE WHEN incident IS NOT NULL THEN (
-            SELECT e.data ->> 'incident' FROM ledger.events AS e
-            WHERE e.tenant_id = complete.tenant AND e.operation_id = complete.operation_id
-              AND e.attempt = op.attempt AND e.kind = 'completed' AND e.to_status = 'unknown'
-            ORDER BY e.seq DESC LIMIT 1) END;
-    ELSE
-        CALL ledger.settle(op, events, db_now, actor, 'completed', outcome, receipt, reason, NULL, incident_id);
-        incident_ref := incident_id;
-    END IF;
-    IF events = '[]' THEN
+            SELECT ev.data ->> 'incident' FROM ledger.events AS ev
+            WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
+              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+            ORDER BY ev.seq DESC LIMIT 1) END;
+        RETURN;
+    ELSIF outcome = 'unknown' AND status = 'unknown' THEN
+        -- reported unknown after the lease ran out: the expiry is all there is to record
+        incident_ref := CASE WHEN incident IS NOT NULL THEN (
+            SELECT ev.data ->> 'incident' FROM ledger.events AS ev
+            WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
+              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+            ORDER BY ev.seq DESC LIMIT 1) END;
+        UPDATE ledger.operations AS t SET
+            status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = head
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+        RETURNING * INTO op;
         RETURN;
     END IF;
-    PERFORM ledger.write_change(op, events);
-    IF incident_id IS NOT NULL AND incident_ref = incident_id THEN
+    -- Record the reported outcome (the same settlement as ledger.resolve's).
+    seq := seq + 1;
+    e := ledger.append_event(tenant, operation_id, seq, head, now, 'completed', actor, status, outcome, op.attempt,
+                             ledger.settled_data(outcome, receipt, reason, NULL, incident_id));
+    events := events || e;
+    UPDATE ledger.operations AS t SET
+        status = complete.outcome,
+        receipt = CASE WHEN complete.outcome = 'committed' AND complete.receipt IS NOT NULL THEN
+            complete.receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END,
+        not_applied_reason = CASE WHEN complete.outcome = 'not_applied' THEN complete.reason::jsonb END,
+        lease_expires_at = NULL, updated_at = now,
+        resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
+        chain_seq = seq, chain_hash = e ->> 'hash'
+    WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+    RETURNING * INTO op;
+    incident_ref := incident_id;
+    IF incident_id IS NOT NULL THEN
         INSERT INTO diagnostics.incidents (
             tenant_id, incident_id, source, principal, operation_id, attempt, phase, cause, http_status,
             provider, provider_request_id, retryable_hint, elapsed_ms, detail_code, headers, route, method,
@@ -291,46 +334,23 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.effective_status(o ledger.operations, clock timestamp with time zone) RETURNS text
+CREATE FUNCTION ledger.discrepancy_data(recorded text, reported text, receipt text, reason text, source text) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT CASE WHEN o.status = 'submitted' AND NOT COALESCE(o.lease_expires_at > clock, false)
-                THEN 'unknown' ELSE o.status END
+    SELECT '{"recorded_outcome":' || ledger.jcs_string(recorded) || ',"reported_outcome":' || ledger.jcs_string(reported)
+        || COALESCE(',"reported_reason":' || reason, '') || COALESCE(',"reported_receipt":' || receipt, '')
+        || ',"source":' || ledger.jcs_string(source) || '}'
 $$;
 
-CREATE PROCEDURE ledger.expire_if_due(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone)
-    LANGUAGE plpgsql
+CREATE FUNCTION ledger.event_hash(prev_hash text, operation_id text, seq integer, at timestamp with time zone, kind text, actor text, from_status text, to_status text, attempt integer, data text) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-DECLARE
-    now timestamptz := date_trunc('milliseconds', clock);
-BEGIN
-    IF ledger.effective_status(o, clock) = 'unknown' AND o.status = 'submitted' THEN
-        o.status := 'unknown';
-        o.updated_at := now;
-        CALL ledger.chain_event(o, events, now, 'lease_expired', 'effect-ledger', 'submitted', 'unknown',
-            '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(o.lease_expires_at)) || '}');
-    END IF;
-END
-$$;
-
-CREATE PROCEDURE ledger.fresh_attempt(INOUT o ledger.operations, IN now timestamp with time zone, IN lease_seconds integer, IN nonce_hash bytea, IN token_hash bytea, IN sealed_token bytea)
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    o.status := 'pending';
-    o.claim_token_hash := token_hash;
-    o.client_nonce_hash := nonce_hash;
-    o.sealed_token := sealed_token;
-    o.lease_seconds := lease_seconds;
-    o.lease_expires_at := now + make_interval(secs => lease_seconds);
-    o.effect_ref := NULL;
-    o.receipt := NULL;
-    o.not_applied_reason := NULL;
-    o.updated_at := now;
-    o.submitted_at := NULL;
-    o.resolved_at := NULL;
-    o.resolved_by := NULL;
-END
+    SELECT encode(sha256(convert_to(prev_hash || E'\n'
+        || '{"actor":' || ledger.jcs_string(actor) || ',"at":"' || ledger.ts_text(at)
+        || '","attempt":' || attempt::text || ',"data":' || data
+        || ',"from_status":' || ledger.jcs_string(from_status) || ',"kind":' || ledger.jcs_string(kind)
+        || ',"operation_id":' || ledger.jcs_string(operation_id) || ',"seq":' || seq::text
+        || ',"to_status":' || ledger.jcs_string(to_status) || '}', 'UTF8')), 'hex')
 $$;
 
 CREATE FUNCTION ledger.heartbeat(tenant text, operation_id text, token_hash bytea, lease_seconds integer, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
@@ -340,55 +360,41 @@ DECLARE
     now timestamptz;
 BEGIN
     events := '[]';
-    op := ledger.lock_operation(tenant, operation_id);
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = heartbeat.tenant AND t.operation_id = heartbeat.operation_id
+    FOR UPDATE;
     db_now := clock_timestamp();
-    IF op.tenant_id IS NULL THEN
-        outcome := 'not_found';
-        RETURN;
-    END IF;
-    outcome := ledger.refuse_unusable(op, token_hash, db_now, ARRAY['pending', 'submitted']);
-    IF outcome IS NOT NULL THEN
+    outcome := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN op.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false) THEN 'outcome_unknown'
+        WHEN op.status = 'unknown' THEN 'outcome_unknown'
+        WHEN op.status NOT IN ('pending', 'submitted') THEN 'invalid_transition'
+        ELSE 'extended'
+    END;
+    IF outcome <> 'extended' THEN
         RETURN;
     END IF;
     now := date_trunc('milliseconds', db_now);
-    op.lease_expires_at := now + make_interval(secs => COALESCE(lease_seconds, op.lease_seconds));
-    op.updated_at := now;
-    PERFORM ledger.write_change(op, events);
-    outcome := 'extended';
+    UPDATE ledger.operations AS t SET
+        lease_expires_at = now + make_interval(secs => COALESCE(heartbeat.lease_seconds, t.lease_seconds)),
+        updated_at = now
+    WHERE t.tenant_id = heartbeat.tenant AND t.operation_id = heartbeat.operation_id
+    RETURNING * INTO op;
 END
 $$;
 
 CREATE FUNCTION ledger.jcs_string(s text) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT COALESCE(to_json(s)::text, 'null')
 $$;
 
-CREATE FUNCTION ledger.lock_operation(tenant text, operation_id text) RETURNS ledger.operations
-    LANGUAGE plpgsql
+CREATE FUNCTION ledger.lease_data(lease_expires_at timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-DECLARE
-    o ledger.operations;
-BEGIN
-    PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
-    SELECT * INTO o FROM ledger.operations AS t
-    WHERE t.tenant_id = lock_operation.tenant AND t.operation_id = lock_operation.operation_id
-    FOR UPDATE;
-    RETURN o;
-END
-$$;
-
-CREATE PROCEDURE ledger.record_discrepancy(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone, IN actor text, IN source text, IN outcome text, IN receipt text, IN reason text)
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    status text := ledger.effective_status(o, clock);
-BEGIN
-    CALL ledger.chain_event(o, events, date_trunc('milliseconds', clock), 'discrepancy', actor, status, status,
-        '{"recorded_outcome":' || ledger.jcs_string(o.status) || ',"reported_outcome":' || ledger.jcs_string(outcome)
-        || COALESCE(',"reported_reason":' || reason, '') || COALESCE(',"reported_receipt":' || receipt, '')
-        || ',"source":' || ledger.jcs_string(source) || '}');
-END
+    SELECT '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_expires_at)) || '}'
 $$;
 
 CREATE FUNCTION ledger.refuse_event_change() RETURNS trigger
@@ -403,55 +409,81 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.refuse_unusable(o ledger.operations, token_hash bytea, clock timestamp with time zone, usable text[]) RETURNS text
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT CASE
-        WHEN o.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
-        WHEN ledger.effective_status(o, clock) = ANY (usable) THEN NULL
-        WHEN ledger.effective_status(o, clock) = 'unknown' THEN 'outcome_unknown'
-        ELSE 'invalid_transition'
-    END
-$$;
-
 CREATE FUNCTION ledger.resolve(tenant text, operation_id text, actor text, outcome text, receipt text, reason text, evidence text, OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
     status text;
+    now timestamptz;
+    terminal constant boolean := outcome IN ('committed', 'not_applied');
+    seq integer;
+    head text;
+    e jsonb;
 BEGIN
     events := '[]';
-    op := ledger.lock_operation(tenant, operation_id);
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
+    FOR UPDATE;
     db_now := clock_timestamp();
-    IF op.tenant_id IS NULL THEN
-        outcome_code := 'not_found';
+    now := date_trunc('milliseconds', db_now);
+    status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
+                   THEN 'unknown' ELSE op.status END;
+    outcome_code := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN status IN ('committed', 'not_applied') THEN
+            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
+                 ELSE 'conflicting_outcome' END
+        WHEN status <> 'unknown' THEN 'invalid_transition'
+        ELSE 'resolved'
+    END;
+    IF outcome_code = 'conflicting_outcome' THEN  -- the disagreement is recorded, the state kept
+        e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'discrepancy', actor,
+                                 status, status, op.attempt,
+                                 ledger.discrepancy_data(op.status, outcome, receipt, reason, 'resolve'));
+        events := jsonb_build_array(e);
+        UPDATE ledger.operations AS t SET chain_seq = t.chain_seq + 1, chain_hash = e ->> 'hash'
+        WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
+        RETURNING * INTO op;
         RETURN;
     END IF;
-    status := ledger.effective_status(op, db_now);
-    IF status IN ('committed', 'not_applied') THEN
-        IF ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN
-            outcome_code := 'unchanged';
-            RETURN;
-        END IF;
-        CALL ledger.record_discrepancy(op, events, db_now, actor, 'resolve', outcome, receipt, reason);
-        PERFORM ledger.write_change(op, events);
-        outcome_code := 'conflicting_outcome';
+    IF outcome_code <> 'resolved' THEN
         RETURN;
     END IF;
-    IF status <> 'unknown' THEN
-        outcome_code := 'invalid_transition';
-        RETURN;
+    seq := op.chain_seq;
+    head := op.chain_hash;
+    IF op.status = 'submitted' THEN  -- unknown by an expired lease: materialise it first
+        seq := seq + 1;
+        e := ledger.append_event(tenant, operation_id, seq, head, now, 'lease_expired', 'effect-ledger',
+                                 'submitted', 'unknown', op.attempt, ledger.lease_data(op.lease_expires_at));
+        events := jsonb_build_array(e);
+        head := e ->> 'hash';
     END IF;
+    seq := seq + 1;
     IF outcome = 'unresolved' THEN
-        CALL ledger.expire_if_due(op, events, db_now);
-        op.updated_at := date_trunc('milliseconds', db_now);
-        CALL ledger.chain_event(op, events, op.updated_at, 'reconcile_unresolved', actor, 'unknown', 'unknown',
-            '{"evidence":' || COALESCE(evidence, 'null') || '}');
-    ELSE
-        CALL ledger.settle(op, events, db_now, actor, 'resolved', outcome, receipt, reason, evidence, NULL);
+        e := ledger.append_event(tenant, operation_id, seq, head, now, 'reconcile_unresolved', actor,
+                                 'unknown', 'unknown', op.attempt, '{"evidence":' || COALESCE(evidence, 'null') || '}');
+        events := events || e;
+        UPDATE ledger.operations AS t SET
+            status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = e ->> 'hash'
+        WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
+        RETURNING * INTO op;
+        RETURN;
     END IF;
-    PERFORM ledger.write_change(op, events);
-    outcome_code := 'resolved';
+    -- Record the outcome (the same settlement as ledger.complete's).
+    e := ledger.append_event(tenant, operation_id, seq, head, now, 'resolved', actor, 'unknown', outcome, op.attempt,
+                             ledger.settled_data(outcome, receipt, reason, evidence, NULL));
+    events := events || e;
+    UPDATE ledger.operations AS t SET
+        status = resolve.outcome,
+        receipt = CASE WHEN resolve.outcome = 'committed' AND resolve.receipt IS NOT NULL THEN
+            resolve.receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END,
+        not_applied_reason = CASE WHEN resolve.outcome = 'not_applied' THEN resolve.reason::jsonb END,
+        lease_expires_at = NULL, updated_at = now,
+        resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
+        chain_seq = seq, chain_hash = e ->> 'hash'
+    WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
+    RETURNING * INTO op;
 END
 $$;
 
@@ -467,91 +499,90 @@ CREATE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt j
     END)
 $$;
 
-CREATE PROCEDURE ledger.settle(INOUT o ledger.operations, INOUT events jsonb, IN clock timestamp with time zone, IN actor text, IN kind text, IN outcome text, IN receipt text, IN reason text, IN evidence text, IN incident text)
-    LANGUAGE plpgsql
+CREATE FUNCTION ledger.settled_data(outcome text, receipt text, reason text, evidence text, incident text) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-DECLARE
-    now timestamptz := date_trunc('milliseconds', clock);
-    terminal boolean := outcome IN ('committed', 'not_applied');
-    from_status text;
-BEGIN
-    CALL ledger.expire_if_due(o, events, clock);
-    from_status := o.status;
-    o.status := outcome;
-    o.receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL
-        THEN receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
-    o.not_applied_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
-    o.lease_expires_at := NULL;
-    o.updated_at := now;
-    o.resolved_at := CASE WHEN terminal THEN now END;
-    o.resolved_by := CASE WHEN terminal THEN actor END;
-    CALL ledger.chain_event(o, events, now, kind, actor, from_status, outcome,
-        '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || to_json(incident)::text || ',', '')
+    SELECT '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || ledger.jcs_string(incident) || ',', '')
         || '"outcome":' || ledger.jcs_string(outcome) || COALESCE(',"reason":' || reason, '')
-        || COALESCE(',"receipt":' || receipt, '') || '}');
-END
+        || COALESCE(',"receipt":' || receipt, '') || '}'
 $$;
 
 CREATE FUNCTION ledger.submit(tenant text, operation_id text, token_hash bytea, effect_ref text, lease_seconds integer, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    now timestamptz;
+    lease_end timestamptz;
+    e jsonb;
 BEGIN
     events := '[]';
-    op := ledger.lock_operation(tenant, operation_id);
-    db_now := clock_timestamp();
-    IF op.tenant_id IS NULL THEN
-        outcome := 'not_found';
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = submit.tenant AND t.operation_id = submit.operation_id
+    FOR UPDATE;
+    db_now := clock_timestamp();  -- after the lock: the clock the decision is taken at
+    outcome := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN op.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN op.status = 'submitted' AND COALESCE(op.lease_expires_at > db_now, false) THEN
+            CASE WHEN effect_ref IS NULL OR effect_ref = op.effect_ref THEN 'unchanged' ELSE 'invalid_transition' END
+        WHEN op.status IN ('submitted', 'unknown') THEN 'outcome_unknown'
+        WHEN op.status <> 'pending' THEN 'invalid_transition'
+        ELSE 'submitted'
+    END;
+    IF outcome <> 'submitted' THEN
         RETURN;
     END IF;
-    outcome := ledger.refuse_unusable(op, token_hash, db_now, ARRAY['pending', 'submitted']);
-    IF outcome IS NOT NULL THEN
-        RETURN;
-    END IF;
-    IF ledger.effective_status(op, db_now) = 'submitted' THEN
-        outcome := CASE WHEN effect_ref IS NULL OR effect_ref = op.effect_ref
-                        THEN 'unchanged' ELSE 'invalid_transition' END;
-        RETURN;
-    END IF;
-    CALL ledger.submit_state(op, events, date_trunc('milliseconds', db_now), effect_ref, lease_seconds);
-    PERFORM ledger.write_change(op, events);
-    outcome := 'submitted';
+    now := date_trunc('milliseconds', db_now);
+    lease_end := now + make_interval(secs => COALESCE(lease_seconds, op.lease_seconds));
+    e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'submitted', op.principal,
+                             'pending', 'submitted', op.attempt, ledger.submitted_data(effect_ref, lease_end));
+    events := jsonb_build_array(e);
+    UPDATE ledger.operations AS t SET
+        status = 'submitted', effect_ref = submit.effect_ref,
+        lease_seconds = COALESCE(submit.lease_seconds, t.lease_seconds), lease_expires_at = lease_end,
+        submitted_at = now, updated_at = now, chain_seq = t.chain_seq + 1, chain_hash = e ->> 'hash'
+    WHERE t.tenant_id = submit.tenant AND t.operation_id = submit.operation_id
+    RETURNING * INTO op;
 END
 $$;
 
-CREATE PROCEDURE ledger.submit_state(INOUT o ledger.operations, INOUT events jsonb, IN now timestamp with time zone, IN effect_ref text, IN lease_seconds integer)
-    LANGUAGE plpgsql
+CREATE FUNCTION ledger.submitted_data(effect_ref text, lease_expires_at timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-BEGIN
-    o.status := 'submitted';
-    o.effect_ref := effect_ref;
-    o.lease_seconds := COALESCE(lease_seconds, o.lease_seconds);
-    o.lease_expires_at := now + make_interval(secs => o.lease_seconds);
-    o.submitted_at := now;
-    o.updated_at := now;
-    CALL ledger.chain_event(o, events, now, 'submitted', o.principal, 'pending', 'submitted',
-        '{"effect_ref":' || ledger.jcs_string(effect_ref)
-        || ',"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(o.lease_expires_at)) || '}');
-END
+    SELECT '{"effect_ref":' || ledger.jcs_string(effect_ref)
+        || ',"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_expires_at)) || '}'
 $$;
 
 CREATE FUNCTION ledger.sweep(tenant text, operation_id text, OUT outcome text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb) RETURNS record
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    now timestamptz;
+    e jsonb;
 BEGIN
     events := '[]';
-    op := ledger.lock_operation(tenant, operation_id);
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = sweep.tenant AND t.operation_id = sweep.operation_id
+    FOR UPDATE;
     db_now := clock_timestamp();
-    IF op.tenant_id IS NULL THEN
-        outcome := 'not_found';
+    outcome := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false) THEN 'expired'
+        ELSE 'unchanged'
+    END;
+    IF outcome <> 'expired' THEN
         RETURN;
     END IF;
-    CALL ledger.expire_if_due(op, events, db_now);
-    IF events = '[]' THEN
-        outcome := 'unchanged';
-        RETURN;
-    END IF;
-    PERFORM ledger.write_change(op, events);
-    outcome := 'expired';
+    now := date_trunc('milliseconds', db_now);
+    e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'lease_expired',
+                             'effect-ledger', 'submitted', 'unknown', op.attempt, ledger.lease_data(op.lease_expires_at));
+    events := jsonb_build_array(e);
+    UPDATE ledger.operations AS t SET
+        status = 'unknown', updated_at = now, chain_seq = t.chain_seq + 1, chain_hash = e ->> 'hash'
+    WHERE t.tenant_id = sweep.tenant AND t.operation_id = sweep.operation_id
+    RETURNING * INTO op;
 END
 $$;
 
@@ -559,24 +590,6 @@ CREATE FUNCTION ledger.ts_text(t timestamp with time zone) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-$$;
-
-CREATE FUNCTION ledger.write_change(o ledger.operations, events jsonb) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    UPDATE ledger.operations AS t SET
-        (status, attempt, claim_token_hash, client_nonce_hash, sealed_token, lease_seconds,
-         lease_expires_at, effect_ref, receipt, not_applied_reason, updated_at, submitted_at,
-         resolved_at, resolved_by, chain_seq, chain_hash)
-      = (o.status, o.attempt, o.claim_token_hash, o.client_nonce_hash, o.sealed_token, o.lease_seconds,
-         o.lease_expires_at, o.effect_ref, o.receipt, o.not_applied_reason, o.updated_at, o.submitted_at,
-         o.resolved_at, o.resolved_by, o.chain_seq, o.chain_hash)
-    WHERE t.tenant_id = o.tenant_id AND t.operation_id = o.operation_id;
-    IF jsonb_array_length(events) > 0 THEN
-        PERFORM ledger.append_events(o, events);
-    END IF;
-END
 $$;
 
 CREATE FUNCTION tenancy.bind_setting(name text, value text) RETURNS timestamp with time zone
@@ -685,8 +698,8 @@ CREATE TABLE ledger.events (
     data jsonb NOT NULL,
     prev_hash text NOT NULL,
     hash text NOT NULL,
-    CONSTRAINT events_hash_check CHECK ((hash ~ '^[0-9a-f]{64}$'::text)),
-    CONSTRAINT events_prev_hash_check CHECK ((prev_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT events_hash_check CHECK (((length(hash) = 64) AND (hash !~ '[^0-9a-f]'::text))),
+    CONSTRAINT events_prev_hash_check CHECK (((length(prev_hash) = 64) AND (prev_hash !~ '[^0-9a-f]'::text))),
     CONSTRAINT events_seq_check CHECK ((seq >= 1))
 );
 
@@ -736,7 +749,7 @@ CREATE INDEX operations_by_created ON ledger.operations USING btree (tenant_id, 
 
 CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id);
 
-CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (status = 'committed'::text);
+CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (feed_position IS NOT NULL);
 
 CREATE INDEX operations_purgeable ON ledger.operations USING btree (updated_at) WHERE ((status = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND ((receipt IS NOT NULL) OR (not_applied_reason IS NOT NULL)));
 

@@ -1,0 +1,86 @@
+"""The write path close to the machine: cheap checks, a feed index that spares complete, and each
+write-path function's one current definition in alembic/functions/ (issue 20).
+
+Checks: a bounded repetition in a PostgreSQL regular expression (`{1,200}`, `{64}`) compiles to that
+many copies of its state, and matching it costs ~35-120 µs. Every INSERT and UPDATE evaluates every
+CHECK of the table, so seven of them cost more per cycle than the rest of PostgreSQL's work together
+(docs/performance.md, "Where PostgreSQL's time goes"). Each is replaced by a length test and a
+negated character class, which accept exactly the same strings at ~1 µs.
+
+Feed: operations_feed (unique per tenant and position) now covers positioned rows only: a complete
+inserts no entry with a NULL position into it any more. The feed's reads name `feed_position > $n`,
+which implies the new predicate, and only committed rows are ever given a position.
+
+Functions: alembic/functions/*.sql hold each write-path function's current definition with its
+comments; this migration applies them (effect_ledger.db.migrate.apply_functions) and drops the
+helpers of 0005/0007/0008 that the new bodies no longer call. A later migration that changes one of
+them edits its file and calls apply_functions() again (the files are plpgsql and SQL-language
+helpers over the columns of 0009, so an earlier migration applying a newer text still succeeds).
+Signatures are unchanged, so 0008's Citus distribution of the functions stays.
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-12-01
+"""
+
+from effect_ledger.db.migrate import apply_functions, execute_script
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+HEX64 = "length({c}) = 64 AND {c} !~ '[^0-9a-f]'"
+SHA256 = "length({c}) = 71 AND left({c}, 7) = 'sha256:' AND substr({c}, 8) !~ '[^0-9a-f]'"
+# (table, constraint, new check): same names, same accepted strings, no bounded repetition.
+CHECKS = (
+    (
+        "ledger.operations",
+        "operations_operation_id_check",
+        "length(operation_id) BETWEEN 1 AND 200 AND operation_id !~ '[^A-Za-z0-9._:~-]'",
+    ),
+    ("ledger.operations", "operations_intent_digest_check", SHA256.format(c="intent_digest")),
+    ("ledger.operations", "operations_chain_hash_check", HEX64.format(c="chain_hash")),
+    ("ledger.operations", "operations_purged_hash_check", HEX64.format(c="purged_hash")),
+    ("ledger.operations", "operations_receipt_digest_check", SHA256.format(c="receipt_digest")),
+    ("ledger.events", "events_prev_hash_check", HEX64.format(c="prev_hash")),
+    ("ledger.events", "events_hash_check", HEX64.format(c="hash")),
+)
+
+# One statement per script: Citus forwards constraint and index DDL to the workers as written.
+FEED_INDEX = (
+    "DROP INDEX ledger.operations_feed",
+    "CREATE UNIQUE INDEX operations_feed ON ledger.operations (tenant_id, feed_position)"
+    " WHERE feed_position IS NOT NULL",
+)
+
+OBSOLETE = r"""
+DROP PROCEDURE ledger.chain_event(ledger.operations, jsonb, timestamptz, text, text, text, text, text);
+DROP PROCEDURE ledger.submit_state(ledger.operations, jsonb, timestamptz, text, integer);
+DROP PROCEDURE ledger.expire_if_due(ledger.operations, jsonb, timestamptz);
+DROP PROCEDURE ledger.fresh_attempt(ledger.operations, timestamptz, integer, bytea, bytea, bytea);
+DROP PROCEDURE ledger.record_discrepancy(ledger.operations, jsonb, timestamptz, text, text, text, text, text);
+DROP PROCEDURE ledger.settle(ledger.operations, jsonb, timestamptz, text, text, text, text, text, text, text);
+DROP FUNCTION ledger.claim_verdict(ledger.operations, text, text, text, text, bytea, timestamptz);
+DROP FUNCTION ledger.lock_operation(text, text);
+DROP FUNCTION ledger.refuse_unusable(ledger.operations, bytea, timestamptz, text[]);
+DROP FUNCTION ledger.write_change(ledger.operations, jsonb);
+DROP FUNCTION ledger.append_events(ledger.operations, jsonb);
+DROP FUNCTION ledger.effective_status(ledger.operations, timestamptz);
+"""
+
+
+def upgrade() -> None:
+    """Cheap checks, the positioned-only feed index, the write path's functions from their files."""
+    for table, name, check in CHECKS:
+        execute_script(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+        execute_script(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({check})")
+    for script in FEED_INDEX:
+        execute_script(script)
+    apply_functions()
+    execute_script(OBSOLETE)
+
+
+def downgrade() -> None:
+    """Migrations are forward-only."""
+    raise NotImplementedError("effect-ledger migrations are forward-only")
