@@ -502,7 +502,7 @@ $$;
 CREATE FUNCTION ledger.settled_data(outcome text, receipt text, reason text, evidence text, incident text) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || ledger.jcs_string(incident) || ',', '')
+    SELECT '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || to_json(incident)::text || ',', '')
         || '"outcome":' || ledger.jcs_string(outcome) || COALESCE(',"reason":' || reason, '')
         || COALESCE(',"receipt":' || receipt, '') || '}'
 $$;
@@ -749,7 +749,7 @@ CREATE INDEX operations_by_created ON ledger.operations USING btree (tenant_id, 
 
 CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id);
 
-CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (feed_position IS NOT NULL);
+CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE ((status = 'committed'::text) AND (feed_position IS NOT NULL));
 
 CREATE INDEX operations_purgeable ON ledger.operations USING btree (updated_at) WHERE ((status = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND ((receipt IS NOT NULL) OR (not_applied_reason IS NOT NULL)));
 

@@ -78,7 +78,7 @@ $$;
 CREATE OR REPLACE FUNCTION ledger.settled_data(
     outcome text, receipt text, reason text, evidence text, incident text)
 RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || ledger.jcs_string(incident) || ',', '')
+    SELECT '{' || COALESCE('"evidence":' || evidence || ',', '') || COALESCE('"incident":' || to_json(incident)::text || ',', '')
         || '"outcome":' || ledger.jcs_string(outcome) || COALESCE(',"reason":' || reason, '')
         || COALESCE(',"receipt":' || receipt, '') || '}'
 $$;

@@ -7,9 +7,10 @@ CHECK of the table, so seven of them cost more per cycle than the rest of Postgr
 (docs/performance.md, "Where PostgreSQL's time goes"). Each is replaced by a length test and a
 negated character class, which accept exactly the same strings at ~1 µs.
 
-Feed: operations_feed (unique per tenant and position) now covers positioned rows only: a complete
-inserts no entry with a NULL position into it any more. The feed's reads name `feed_position > $n`,
-which implies the new predicate, and only committed rows are ever given a position.
+Feed: operations_feed (unique per tenant and position) now covers positioned committed rows only:
+a complete inserts no entry with a NULL position into it any more (its position comes later, from the
+feed's sequencer). The feed's reads name `status = 'committed' AND feed_position > $n`, which implies
+the new predicate.
 
 Functions: alembic/functions/*.sql hold each write-path function's current definition with its
 comments; this migration applies them (effect_ledger.db.migrate.apply_functions) and drops the
@@ -51,7 +52,7 @@ CHECKS = (
 FEED_INDEX = (
     "DROP INDEX ledger.operations_feed",
     "CREATE UNIQUE INDEX operations_feed ON ledger.operations (tenant_id, feed_position)"
-    " WHERE feed_position IS NOT NULL",
+    " WHERE status = 'committed' AND feed_position IS NOT NULL",
 )
 
 OBSOLETE = r"""

@@ -108,25 +108,32 @@ def measure(owner_url: str, kind: str, cycles: int, run: int = 1) -> Report:
         if kind == "lean":
             conn.execute(LEAN_SCHEMA)
             conn.execute("GRANT USAGE ON SCHEMA ledger TO effect_ledger_runtime")
-            conn.execute("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ledger TO effect_ledger_runtime")
+            conn.execute(
+                "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ledger TO effect_ledger_runtime"
+            )
         _reset(conn)
         start = _lsn(conn)
         load_before = os.getloadavg()
         script_kind = "yardstick" if kind == "lean" else kind
         cpu = _backend_cpu_while(owner_url, lambda: _pgbench(endpoint, cycles, run, script_kind))
         load_after = os.getloadavg()
-        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (start,)).fetchone()
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (start,)
+        ).fetchone()
         assert row is not None
         wal = float(row[0]) / cycles
         statements = conn.execute(STATEMENTS).fetchall()
         functions = conn.execute(FUNCTIONS).fetchall()
         tables = conn.execute(TABLES).fetchall()
     lines = [
-        f"== {kind}: {cycles} cycles, 1 client; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}",
+        f"== {kind}: {cycles} cycles, 1 client;"
+        f" load average before {load_before[0]:.2f}, after {load_after[0]:.2f}",
         f"WAL bytes per cycle (insert LSN): {wal:.0f}",
     ]
     if cpu is not None:
-        lines.append(f"PostgreSQL CPU per cycle: {cpu / cycles * 1000:.3f} ms (its backend; a guide: load-dependent)")
+        lines.append(
+            f"PostgreSQL CPU per cycle: {cpu / cycles * 1000:.3f} ms (its backend; a guide: load-dependent)"
+        )
     lines.append("per cycle:  calls   exec_ms  buf_hit  buf_read dirtied  wal_rec  wal_bytes  top  statement")
     top_buffers = 0.0
     executed = 0.0
@@ -139,8 +146,10 @@ def measure(owner_url: str, kind: str, cycles: int, run: int = 1) -> Report:
             f" {dirtied / cycles:7.2f} {wal_rec / cycles:8.1f} {float(wal_b) / cycles:10.0f}"
             f"  {'T' if toplevel else ' '}    {query[:110]}"
         )
-    lines.append(f"statements executed per cycle (nested included): {executed:.1f};"
-                 f" shared buffers per cycle (top level): {top_buffers:.1f}")
+    lines.append(
+        f"statements executed per cycle (nested included): {executed:.1f};"
+        f" shared buffers per cycle (top level): {top_buffers:.1f}"
+    )
     lines.append("functions per cycle:  calls  total_ms  self_ms")
     for name, calls, total, self_time in functions:
         lines.append(f"  {calls / cycles:8.2f} {total / cycles:9.4f} {self_time / cycles:8.4f}  {name}")
@@ -187,7 +196,20 @@ def _pgbench(endpoint: Endpoint, cycles: int, run: int, kind: str) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         path = Path(workdir) / f"cycle-{kind}.pgbench"
         path.write_text(script(kind))
-        argv = [binary, "-n", "-M", "prepared", "-c", "1", "-t", str(cycles), "-f", str(path), "-U", endpoint.user]
+        argv = [
+            binary,
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            "1",
+            "-t",
+            str(cycles),
+            "-f",
+            str(path),
+            "-U",
+            endpoint.user,
+        ]
         if endpoint.host:
             argv += ["-h", endpoint.host]
         if endpoint.port:
@@ -195,11 +217,18 @@ def _pgbench(endpoint: Endpoint, cycles: int, run: int, kind: str) -> None:
         for name, value in variables(run).items():
             argv += ["-D", f"{name}={value}"]
         argv.append(endpoint.dbname)
-        env = {**os.environ, "PGPASSWORD": endpoint.password, "PGOPTIONS": f"-c effect_ledger.tenant={TENANT}",
-               "PGAPPNAME": APPLICATION}
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+        env = {
+            **os.environ,
+            "PGPASSWORD": endpoint.password,
+            "PGOPTIONS": f"-c effect_ledger.tenant={TENANT}",
+            "PGAPPNAME": APPLICATION,
+        }
+        # argv is built here from pgbench_path() and our own values, never from outside input
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)  # noqa: S603
         if done.returncode != 0 or "number of failed transactions: 0" not in done.stdout:
-            raise RuntimeError(f"pgbench failed ({done.returncode}):\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
+            raise RuntimeError(
+                f"pgbench failed ({done.returncode}):\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}"
+            )
 
 
 def main() -> None:
