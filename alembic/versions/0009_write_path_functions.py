@@ -38,7 +38,7 @@ CHECKS = (
     (
         "ledger.operations",
         "operations_operation_id_check",
-        "length(operation_id) BETWEEN 1 AND 200 AND operation_id !~ '[^A-Za-z0-9._:~-]'",
+        "length(operation_id) >= 1 AND length(operation_id) <= 200 AND operation_id !~ '[^A-Za-z0-9._:~-]'",
     ),
     ("ledger.operations", "operations_intent_digest_check", SHA256.format(c="intent_digest")),
     ("ledger.operations", "operations_chain_hash_check", HEX64.format(c="chain_hash")),
