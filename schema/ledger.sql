@@ -54,16 +54,12 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.bind_tenant(tenant text) RETURNS void
-    LANGUAGE plpgsql
+CREATE FUNCTION ledger.bind_tenant(tenant text) RETURNS text
+    LANGUAGE sql
     AS $$
-BEGIN
-    IF current_setting('citus.propagate_set_commands', true) IS NULL THEN
-        PERFORM set_config('effect_ledger.tenant', tenant, true);
-    ELSE
-        PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
-    END IF;
-END
+    SELECT CASE WHEN current_setting('citus.propagate_set_commands', true) IS NULL
+                THEN set_config('effect_ledger.tenant', tenant, true)
+                ELSE tenancy.bind_setting('effect_ledger.tenant', tenant)::text END
 $$;
 
 CREATE TABLE ledger.operations (

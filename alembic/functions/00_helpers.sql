@@ -17,14 +17,11 @@ $$;
 
 -- Bind the tenant for this transaction. On plain PostgreSQL set_config(); on Citus (its settings
 -- exist) tenancy.bind_setting, whose SET LOCAL the coordinator forwards to the workers (0008).
-CREATE OR REPLACE FUNCTION ledger.bind_tenant(tenant text) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('citus.propagate_set_commands', true) IS NULL THEN
-        PERFORM set_config('effect_ledger.tenant', tenant, true);
-    ELSE
-        PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
-    END IF;
-END
+-- LANGUAGE sql and VOLATILE like its body, so that the planner inlines it into the caller's PERFORM.
+CREATE OR REPLACE FUNCTION ledger.bind_tenant(tenant text) RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN current_setting('citus.propagate_set_commands', true) IS NULL
+                THEN set_config('effect_ledger.tenant', tenant, true)
+                ELSE tenancy.bind_setting('effect_ledger.tenant', tenant)::text END
 $$;
 
 -- The chain: hash = sha256_hex(prev_hash || "\n" || JCS(content)), exactly as domain/chain.py does.
