@@ -11,6 +11,15 @@ CREATE SCHEMA ledger;
 
 CREATE SCHEMA tenancy;
 
+CREATE DOMAIN ledger.hex64 AS text
+	CONSTRAINT hex64_check CHECK (((length(VALUE) = 64) AND (VALUE !~ '[^0-9a-f]'::text)));
+
+CREATE DOMAIN ledger.operation_id AS text
+	CONSTRAINT operation_id_check CHECK (((length(VALUE) >= 1) AND (length(VALUE) <= 200) AND (VALUE !~ '[^A-Za-z0-9._:~-]'::text)));
+
+CREATE DOMAIN ledger.sha256_digest AS text
+	CONSTRAINT sha256_digest_check CHECK (((length(VALUE) = 71) AND ("left"(VALUE, 7) = 'sha256:'::text) AND (substr(VALUE, 8) !~ '[^0-9a-f]'::text)));
+
 CREATE FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) RETURNS TABLE(first_incident text, stored boolean, same_fields boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -64,11 +73,11 @@ $$;
 
 CREATE TABLE ledger.operations (
     tenant_id text NOT NULL,
-    operation_id text NOT NULL,
+    operation_id ledger.operation_id NOT NULL,
     principal text NOT NULL,
     tool text NOT NULL,
     tool_version text NOT NULL,
-    intent_digest text NOT NULL,
+    intent_digest ledger.sha256_digest NOT NULL,
     status text NOT NULL,
     attempt integer NOT NULL,
     claim_token_hash bytea NOT NULL,
@@ -85,25 +94,20 @@ CREATE TABLE ledger.operations (
     resolved_at timestamp with time zone,
     resolved_by text,
     chain_seq integer DEFAULT 0 NOT NULL,
-    chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
+    chain_hash ledger.hex64 DEFAULT repeat('0'::text, 64) NOT NULL,
     feed_position bigint,
     purged_at timestamp with time zone,
     purged_seq integer,
-    purged_hash text,
-    receipt_digest text,
+    purged_hash ledger.hex64,
+    receipt_digest ledger.sha256_digest,
     CONSTRAINT operations_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT operations_chain_hash_check CHECK (((length(chain_hash) = 64) AND (chain_hash !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_chain_seq_check CHECK ((chain_seq >= 0)),
     CONSTRAINT operations_committed_receipt CHECK (((status <> 'committed'::text) OR (receipt IS NOT NULL) OR (receipt_digest IS NOT NULL))),
     CONSTRAINT operations_feed_position_check CHECK ((feed_position >= 1)),
-    CONSTRAINT operations_intent_digest_check CHECK (((length(intent_digest) = 71) AND ("left"(intent_digest, 7) = 'sha256:'::text) AND (substr(intent_digest, 8) !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 3600))),
     CONSTRAINT operations_not_applied_reason CHECK (((status <> 'not_applied'::text) OR (not_applied_reason IS NOT NULL) OR (purged_seq IS NOT NULL))),
-    CONSTRAINT operations_operation_id_check CHECK (((length(operation_id) >= 1) AND (length(operation_id) <= 200) AND (operation_id !~ '[^A-Za-z0-9._:~-]'::text))),
     CONSTRAINT operations_purge_point CHECK (((purged_seq IS NULL) = (purged_hash IS NULL))),
-    CONSTRAINT operations_purged_hash_check CHECK (((length(purged_hash) = 64) AND (purged_hash !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_purged_seq_check CHECK ((purged_seq >= 0)),
-    CONSTRAINT operations_receipt_digest_check CHECK (((length(receipt_digest) = 71) AND ("left"(receipt_digest, 7) = 'sha256:'::text) AND (substr(receipt_digest, 8) !~ '[^0-9a-f]'::text))),
     CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])))
 );
 
@@ -694,10 +698,8 @@ CREATE TABLE ledger.events (
     to_status text,
     attempt integer NOT NULL,
     data jsonb NOT NULL,
-    prev_hash text NOT NULL,
-    hash text NOT NULL,
-    CONSTRAINT events_hash_check CHECK (((length(hash) = 64) AND (hash !~ '[^0-9a-f]'::text))),
-    CONSTRAINT events_prev_hash_check CHECK (((length(prev_hash) = 64) AND (prev_hash !~ '[^0-9a-f]'::text))),
+    prev_hash ledger.hex64 NOT NULL,
+    hash ledger.hex64 NOT NULL,
     CONSTRAINT events_seq_check CHECK ((seq >= 1))
 );
 
