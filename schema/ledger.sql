@@ -237,6 +237,8 @@ DECLARE
     seq integer;
     head text;
     e jsonb;
+    recorded_receipt jsonb;
+    recorded_reason jsonb;
 BEGIN
     events := '[]';
     PERFORM ledger.bind_tenant(tenant);
@@ -307,11 +309,14 @@ BEGIN
     e := ledger.append_event(tenant, operation_id, seq, head, now, 'completed', actor, status, outcome, op.attempt,
                              ledger.settled_data(outcome, receipt, reason, NULL, incident_id));
     events := events || e;
+    -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
+    -- routed UPDATE
+    recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
+        receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    recorded_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
     UPDATE ledger.operations AS t SET
         status = complete.outcome,
-        receipt = CASE WHEN complete.outcome = 'committed' AND complete.receipt IS NOT NULL THEN
-            complete.receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END,
-        not_applied_reason = CASE WHEN complete.outcome = 'not_applied' THEN complete.reason::jsonb END,
+        receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
         chain_seq = seq, chain_hash = e ->> 'hash'
@@ -421,6 +426,8 @@ DECLARE
     seq integer;
     head text;
     e jsonb;
+    recorded_receipt jsonb;
+    recorded_reason jsonb;
 BEGIN
     events := '[]';
     PERFORM ledger.bind_tenant(tenant);
@@ -476,11 +483,14 @@ BEGIN
     e := ledger.append_event(tenant, operation_id, seq, head, now, 'resolved', actor, 'unknown', outcome, op.attempt,
                              ledger.settled_data(outcome, receipt, reason, evidence, NULL));
     events := events || e;
+    -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
+    -- routed UPDATE
+    recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
+        receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    recorded_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
     UPDATE ledger.operations AS t SET
         status = resolve.outcome,
-        receipt = CASE WHEN resolve.outcome = 'committed' AND resolve.receipt IS NOT NULL THEN
-            resolve.receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END,
-        not_applied_reason = CASE WHEN resolve.outcome = 'not_applied' THEN resolve.reason::jsonb END,
+        receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
         chain_seq = seq, chain_hash = e ->> 'hash'
