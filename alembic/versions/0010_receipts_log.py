@@ -12,14 +12,14 @@ No signing key and no signer state are here: the signer keeps both outside the d
 Every primary key starts with tenant_id; on Citus the tables are co-located with ledger.operations.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-01
 """
 
 from effect_ledger.db.migrate import distribute_by_tenant, execute_script
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

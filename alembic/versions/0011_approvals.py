@@ -14,8 +14,8 @@ none, and says whether this attempt may go: `approved` hands back the request al
 memory, with its events and the approval's part of the `claimed` event's data; the claim writes it
 (ledger.approval_write) only once its attempt is granted, in the same transaction. ledger.claim calls
 the gate only when the service passes a policy (`approval_policy`, NULL when no rule covers the tool):
-an ungated claim costs one IS NOT NULL test more than before. The change to ledger.claim is marked
-`-- [approvals]` below; the rest of its body is 0005's, unchanged.
+an ungated claim costs one IS NULL test more than before. ledger.claim itself, gate included, is
+defined in alembic/functions/10_claim.sql.
 
 Decide and revoke are one statement each (ledger.approval_decide, ledger.approval_revoke).
 
@@ -24,7 +24,12 @@ Revises: 0010
 Create Date: 2026-12-01
 """
 
-from effect_ledger.db.migrate import distribute_by_tenant, distribute_functions, execute_script
+from effect_ledger.db.migrate import (
+    apply_functions,
+    distribute_by_tenant,
+    distribute_functions,
+    execute_script,
+)
 
 revision = "0011"
 down_revision = "0010"
@@ -398,155 +403,13 @@ END
 $$;
 """
 
-# ledger.claim: 0005's definition with the approval gate. It gains one argument (approval_policy,
-# NULL = no rule covers the tool) and one result (approval: the request's row, when the gate spoke),
-# so the old signature is dropped first. Every change is inside a `-- [approvals]` block.
-CLAIM = r"""
-DROP FUNCTION ledger.claim(text, text, text, text, text, text, integer, bytea, bytea, bytea, boolean, text);
-
-CREATE FUNCTION ledger.claim(
-    tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text,
-    lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean,
-    effect_ref text, approval_policy jsonb,
-    OUT outcome text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb,
-    OUT approval ledger.approvals)
-LANGUAGE plpgsql AS $$
-DECLARE
-    now timestamptz;
-    won boolean;
-    -- [approvals] the gate's answer for the attempt about to be granted (NULL: ungated)
-    gate record;
-    gate_outcome text;
-    approval_data text;
-    -- [/approvals]
-BEGIN
-    PERFORM set_config('effect_ledger.tenant', tenant, true);
-    FOR round IN 1..3 LOOP
-        events := '[]';
-        db_now := clock_timestamp();
-        now := date_trunc('milliseconds', db_now);
-        -- [approvals] A new ID under a policy needs its yes before the insert (no operation is created
-        -- without one). An existing ID skips this: its verdict comes first, below.
-        gate_outcome := NULL;
-        approval_data := '';
-        IF approval_policy IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM ledger.operations AS o
-                           WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
-            SELECT g.* INTO gate FROM ledger.approval_gate(
-                tenant, operation_id, principal, tool, tool_version, intent_digest,
-                approval_policy, true, 1, db_now) AS g;
-            gate_outcome := gate.outcome;
-            approval_data := gate.chain_data;
-            CONTINUE WHEN gate_outcome = 'retry';
-            IF gate_outcome <> 'approved' THEN
-                outcome := gate_outcome;
-                approval := gate.approval;
-                op := NULL;
-                RETURN;
-            END IF;
-            approval_data := approval_data || ',';
-        END IF;
-        -- [/approvals]
-        op := NULL;
-        op.tenant_id := tenant;
-        op.operation_id := operation_id;
-        op.principal := principal;
-        op.tool := tool;
-        op.tool_version := tool_version;
-        op.intent_digest := intent_digest;
-        op.attempt := 1;
-        op.created_at := now;
-        op.chain_seq := 0;
-        op.chain_hash := repeat('0', 64);  -- the genesis hash: `claimed` is seq 1
-        CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
-        CALL ledger.chain_event(op, events, now, 'claimed', principal, NULL, 'pending',
-            '{' || approval_data  -- [approvals] "approval":{...}, first in JCS order
-            || '"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at)) || '}');
-        IF submit THEN
-            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
-        END IF;
-        won := false;
-        INSERT INTO ledger.operations SELECT op.* ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
-        -- Who won: the row holds our (random) token hash only if our insert made it. Not RETURNING ...
-        -- INTO nor FOUND: on a Citus worker (the call delegated there) the skipped row is still counted.
-        won := EXISTS (SELECT 1 FROM ledger.operations AS o
-                       WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
-                         AND o.claim_token_hash = claim.token_hash);
-        IF won THEN
-            PERFORM ledger.append_events(op, events);
-            -- [approvals] consumed by this attempt, in this transaction
-            IF gate_outcome = 'approved' THEN
-                PERFORM ledger.approval_write(gate.approval, gate.events);
-                approval := gate.approval;
-            END IF;
-            -- [/approvals]
-            outcome := 'created';
-            RETURN;
-        END IF;
-        events := '[]';
-        gate_outcome := NULL;  -- [approvals] lost the insert: the approval stays unconsumed
-        approval_data := '';
-        SELECT * INTO op FROM ledger.operations AS o
-        WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
-        CONTINUE WHEN NOT FOUND;  -- purged since our insert conflicted: insert again
-        db_now := clock_timestamp();
-        outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
-        IF outcome = 'new_attempt' THEN
-            -- decide again under the row lock: someone may have moved it since the unlocked read
-            SELECT * INTO op FROM ledger.operations AS o
-            WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id
-            FOR UPDATE;
-            CONTINUE WHEN NOT FOUND;
-            db_now := clock_timestamp();
-            outcome := ledger.claim_verdict(op, principal, tool, tool_version, intent_digest, nonce_hash, db_now);
-        END IF;
-        IF outcome <> 'new_attempt' THEN
-            RETURN;
-        END IF;
-        -- [approvals] a new attempt of an existing ID under a policy: the gate, under the row lock
-        IF approval_policy IS NOT NULL THEN
-            SELECT g.* INTO gate FROM ledger.approval_gate(
-                tenant, operation_id, principal, tool, tool_version, intent_digest,
-                approval_policy, false, op.attempt + 1, db_now) AS g;
-            gate_outcome := gate.outcome;
-            approval_data := gate.chain_data;
-            IF gate_outcome <> 'approved' THEN
-                outcome := CASE gate_outcome WHEN 'retry' THEN 'vanished' ELSE gate_outcome END;
-                approval := gate.approval;
-                RETURN;
-            END IF;
-            approval_data := approval_data || ',';
-        END IF;
-        -- [/approvals]
-        now := date_trunc('milliseconds', db_now);
-        DECLARE
-            previous_status text := op.status;
-            previous_attempt integer := op.attempt;
-        BEGIN
-            op.attempt := op.attempt + 1;
-            CALL ledger.fresh_attempt(op, now, lease_seconds, nonce_hash, token_hash, sealed_token);
-            CALL ledger.chain_event(op, events, now, 'reclaimed', principal, previous_status, 'pending',
-                '{' || approval_data  -- [approvals]
-                || '"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(op.lease_expires_at))
-                || ',"previous_attempt":' || previous_attempt::text || '}');
-        END;
-        IF submit THEN
-            CALL ledger.submit_state(op, events, now, effect_ref, NULL);
-        END IF;
-        PERFORM ledger.write_change(op, events);
-        -- [approvals]
-        IF gate_outcome = 'approved' THEN
-            PERFORM ledger.approval_write(gate.approval, gate.events);
-            approval := gate.approval;
-        END IF;
-        -- [/approvals]
-        RETURN;
-    END LOOP;
-    outcome := 'vanished';
-    op := NULL;
-END
-$$;
-"""
+# ledger.claim with its gate lives in alembic/functions/10_claim.sql (applied by 0009 and again here):
+# it gained one argument (approval_policy, NULL = no rule covers the tool) and one result (approval),
+# so the old signature goes.
+OLD_CLAIM = (
+    "DROP FUNCTION IF EXISTS ledger.claim("
+    "text, text, text, text, text, text, integer, bytea, bytea, bytea, boolean, text)"
+)
 
 DISTRIBUTED_FUNCTIONS = (
     "ledger.claim(text, text, text, text, text, text, integer, bytea, bytea, bytea, boolean, text, jsonb)",
@@ -560,7 +423,8 @@ def upgrade() -> None:
     execute_script(TABLES)
     distribute_by_tenant("ledger.approvals", "ledger.approval_events")
     execute_script(FUNCTIONS)
-    execute_script(CLAIM)
+    execute_script(OLD_CLAIM)
+    apply_functions()
     distribute_functions(*DISTRIBUTED_FUNCTIONS, tenant_argument="tenant", force_delegation=False)
 
 

@@ -1,6 +1,10 @@
-"""Scenario 9: a Hypothesis state machine drives claim, submit, heartbeat, complete, resolve and lease
-expiry against the real service and against a model written from docs/api.md; every answer's status and
-problem code (and, for 2xx, the operation's status and attempt) must be what the model says."""
+"""Scenario 9: a Hypothesis state machine drives claim, submit, heartbeat, complete, resolve, lease
+expiry and the purge (tombstones, API.md section 9a) against the real service and against a model
+written from docs/api.md; every answer's status and problem code (and, for 2xx, the operation's status
+and attempt) must be what the model says.
+
+This is the independent check of the write path's one rule set, the database functions of
+alembic/functions/ (docs/write-path.md): the model shares no code with them."""
 
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
+from effect_ledger.db.maintenance import owner_connection, purge_ledger_batch
+from effect_ledger.settings import Settings
 from support.harness import LONG, bearer, chaos_settings, scale, scenario, timeout
 from support.server import Service
 
-pytestmark = [pytest.mark.chaos, timeout(150, 1800)]
+pytestmark = [pytest.mark.chaos, timeout(240, 1800)]  # 150 s before the purge rule
 
 EXECUTOR = bearer("t1", "exec-1", "ledger:execute")
 RECONCILER = bearer("t1", "rec-1", "ledger:reconcile")
@@ -27,6 +33,11 @@ TERMINAL = ("committed", "not_applied")
 EVIDENCE = {"source": "model", "lookup_ref": None, "checked_at": "2026-11-30T10:00:00Z"}
 EXPIRE = (
     "UPDATE ledger.operations SET lease_expires_at = clock_timestamp() - interval '1 second' "
+    "WHERE tenant_id = 't1' AND operation_id = %s"
+)
+# Past retention_days (30 by default): the next purge makes this operation a tombstone.
+BACKDATE = (
+    "UPDATE ledger.operations SET updated_at = now() - interval '31 days' "
     "WHERE tenant_id = 't1' AND operation_id = %s"
 )
 
@@ -48,6 +59,7 @@ class Op:
     effect_ref: str | None = None
     receipt: str | None = None  # the external_ref of the recorded receipt
     reason: str | None = None  # the detail_code of the recorded reason
+    purged: bool = False  # a tombstone: its receipt body or reason and its events are gone
     stale: list[str] = field(default_factory=list)
 
     @property
@@ -82,16 +94,23 @@ class LedgerMachine(RuleBasedStateMachine):
 
     http: ClassVar[InProcess]
     db_url: ClassVar[str]
+    settings: ClassVar[Settings]
     steps: ClassVar[int] = 0
+    tombstones: ClassVar[int] = 0  # purges that made a tombstone, over the whole run
 
     def __init__(self) -> None:
         super().__init__()
         self.db = psycopg.connect(self.db_url, autocommit=True)
         self.prefix = uuid.uuid4().hex[:10]
         self.ops: dict[str, Op] = {}
+        # the purge runs as it does in production (maintenance.purge_ledger_batch), on its own loop
+        self.loop = asyncio.new_event_loop()
+        self.purger = self.loop.run_until_complete(owner_connection(self.settings))
 
     def teardown(self) -> None:
         self.db.close()
+        self.loop.run_until_complete(self.purger.close())
+        self.loop.close()
 
     def _id(self, i: int) -> str:
         return f"sm-{self.prefix}-{i}"
@@ -149,7 +168,7 @@ class LedgerMachine(RuleBasedStateMachine):
             op.stale.append(op.token)
             op.token, op.attempt, op.nonce = answer["claim"]["token"], op.attempt + 1, nonce
             op.status = "pending"
-            op.expired, op.effect_ref, op.receipt, op.reason = False, None, None, None
+            op.expired, op.effect_ref, op.receipt, op.reason, op.purged = False, None, None, None, False
             assert answer["claim"]["attempt"] == op.attempt
 
     def _fenced(
@@ -206,6 +225,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def _same(op: Op, outcome: str, variant: int) -> bool:
         if outcome != op.status:
             return False
+        if op.purged:  # a tombstone has no receipt or reason left: its outcome is all that can agree
+            return True
         return (op.receipt if outcome == "committed" else op.reason) in (f"x{variant}", f"c{variant}")
 
     @staticmethod
@@ -270,6 +291,19 @@ class LedgerMachine(RuleBasedStateMachine):
             op.expired = True
 
     @rule(i=ids)
+    def purge(self, i: int) -> None:
+        """Retention passes for one terminal operation: the purge makes it a tombstone (section 9a)."""
+        op = self.ops.get(self._id(i))
+        if op is None or op.status not in TERMINAL or op.purged:
+            return
+        self.db.execute(BACKDATE, (self._id(i),))
+        batch = purge_ledger_batch(self.purger, self.settings.retention_days, 10)
+        operations, _events = self.loop.run_until_complete(batch)
+        assert operations == 1
+        op.purged, op.receipt, op.reason = True, None, None
+        type(self).tombstones += 1
+
+    @rule(i=ids)
     def read(self, i: int) -> None:
         key, op = self._id(i), self.ops.get(self._id(i))
         if op is None:
@@ -282,11 +316,13 @@ class LedgerMachine(RuleBasedStateMachine):
         assert view["effect_ref"] == op.effect_ref
         assert (view["receipt"] or {}).get("external_ref") == op.receipt
         assert (view["not_applied_reason"] or {}).get("detail_code") == op.reason
+        assert view.get("purged", False) == op.purged
 
 
 async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest, db_url: str) -> None:
     config = chaos_settings(db_url)
-    machine = type("Machine", (LedgerMachine,), {"db_url": db_url, "steps": 0})
+    attributes = {"db_url": db_url, "steps": 0, "tombstones": 0, "settings": config}
+    machine = type("Machine", (LedgerMachine,), attributes)
     runs = settings(
         max_examples=scale(100, 400),
         stateful_step_count=scale(40, 60),
@@ -305,5 +341,10 @@ async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest,
                 raise
             finally:
                 figures.operations = machine.steps
-                figures.extra = {"examples": runs.max_examples, "steps_per_example": runs.stateful_step_count}
+                figures.extra = {
+                    "examples": runs.max_examples,
+                    "steps_per_example": runs.stateful_step_count,
+                    "tombstones": machine.tombstones,
+                }
     figures.assert_clean()
+    assert machine.tombstones > 0  # the run met tombstones, not only live operations

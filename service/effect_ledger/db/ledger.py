@@ -2,10 +2,9 @@
 
 Every call below is exactly one statement in autocommit on a pooled connection: the database function
 binds the tenant for its own transaction, locks and reads the row, applies the guards, writes the
-state and the hash-chained events, and returns the outcome with the row after it. What the answer
-says comes from the domain: a refusal is rebuilt by the pure decision (domain/claims.py,
-domain/transitions.py) from the row the function returns, and must name the code the function
-reported (tests/integration/test_write_path_rules.py compares both over every case).
+state and the hash-chained events, and returns the outcome (domain/outcomes.OutcomeCode) with the
+row after it. The decision is the database's alone (alembic/functions/); Python builds the answer from
+the outcome and the row: problem details, Retry-After, `mismatched` (domain/outcomes.refusal_for).
 
 Round trips per call (counted by tests/integration/test_round_trips.py): claim 1, claim with submit 1,
 submit 1, heartbeat 1, complete 1 (also with diagnostics), resolve 1. Reads (get_operation,
@@ -15,7 +14,7 @@ list_events) keep their tenant transaction: 4 round trips.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -26,26 +25,20 @@ from effect_ledger.db.catalogue import sql
 from effect_ledger.db.pools import run_statement, tenant_tx
 from effect_ledger.domain.approvals import view_of
 from effect_ledger.domain.canonical import canonical_json
-from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest, decide_claim
+from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest
 from effect_ledger.domain.diagnostics import Incident
 from effect_ledger.domain.errors import (
-    PROBLEMS,
     DatabaseUnavailable,
     LedgerError,
     Refusal,
     not_found,
     validation_failed,
 )
-from effect_ledger.domain.model import Binding, Decision, EventDraft, Operation
+from effect_ledger.domain.model import Binding, EventDraft, Operation
+from effect_ledger.domain.outcomes import REFUSALS, OutcomeCode, refusal_for
 from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.tokens import SALT_BYTES, TOKEN_BYTES, encode_token, seal, token_hash, unseal
-from effect_ledger.domain.transitions import (
-    Report,
-    decide_complete,
-    decide_heartbeat,
-    decide_resolve,
-    decide_submit,
-)
+from effect_ledger.domain.transitions import Report
 
 log = structlog.get_logger("effect_ledger.ledger")
 
@@ -79,7 +72,7 @@ class Ledger:
 class Outcome:
     """What one write-path call did: the operation after it, or the refusal; the events it appended."""
 
-    outcome: str
+    outcome: OutcomeCode
     operation: Operation | None
     refusal: Refusal | None = None
     events: tuple[EventDraft, ...] = ()
@@ -90,7 +83,7 @@ class Outcome:
 class ClaimResult:
     """What a claim got: the verdict, the operation after it, and the claim token when one is granted."""
 
-    verdict: str  # created | new_attempt | replay | reuse_receipt | a refusal code
+    verdict: OutcomeCode  # created | new_attempt | replay | reuse_receipt | a refusal code
     operation: Operation | None  # None only when an approval refusal met a new ID (nothing created)
     token: str | None
     events: tuple[EventDraft, ...] = ()  # what the claim appended
@@ -141,39 +134,24 @@ def _jcs(value: Any) -> str | None:
 
 
 _APPROVAL_DETAIL = {
-    "approval_required": "This tool needs an approval of this exact binding; none is valid.",
-    "approval_denied": "The approval request for this binding was denied.",
+    OutcomeCode.APPROVAL_REQUIRED: "This tool needs an approval of this exact binding; none is valid.",
+    OutcomeCode.APPROVAL_DENIED: "The approval request for this binding was denied.",
 }
 
 
-class RulesDisagree(Exception):
-    """The database function and the domain decided one case differently: a defect, answered 500."""
-
-
-def _settle(
-    ledger: Ledger,
-    call: str,
-    row: Mapping[str, Any],
-    decide: Callable[[Operation], Decision],
-    *,
-    observed_as_verdict: bool = False,
-) -> Outcome:
-    """The answer to a write-path call from the function's outcome and row; refusals from the domain.
-    The observer hears the operation's status afterwards (claims: the verdict) or the refusal's code."""
-    code: str = row["outcome"]
-    if code == "not_found":
-        ledger.observer.observe(call, "not_found", ())
-        return Outcome(code, None, Refusal("not_found", "No such operation."))
+def _settle(ledger: Ledger, call: str, row: Mapping[str, Any], binding: Binding | None = None) -> Outcome:
+    """The answer to a write-path call from the function's outcome and row (refusals built from them).
+    The observer hears the verdict of a claim, the operation's status afterwards, or the refusal's code."""
+    code = OutcomeCode(row["outcome"])
+    if code is OutcomeCode.NOT_FOUND:
+        ledger.observer.observe(call, code, ())
+        return Outcome(code, None, Refusal(code, "No such operation."))
     op, events = row_to_operation(row), returned_events(row)
-    if code not in PROBLEMS:
-        ledger.observer.observe(call, code if observed_as_verdict else op.effective_status, events)
+    if code not in REFUSALS:
+        ledger.observer.observe(call, code if call == "claim" else op.effective_status, events)
         return Outcome(code, op, None, events)
-    refusal = decide(op).refusal
-    if refusal is None or refusal.code != code:
-        domain = None if refusal is None else refusal.code
-        log.error("rules_disagree", call=call, database=code, domain=domain)
-        raise RulesDisagree(call)
-    ledger.observer.observe(call, refusal.code, events)  # a recorded refusal (discrepancy) has events
+    refusal = refusal_for(call, code, op, binding)
+    ledger.observer.observe(call, code, events)  # a recorded refusal (discrepancy) has events
     return Outcome(code, op, refusal, events)
 
 
@@ -199,7 +177,7 @@ def new_material(tenant: str, operation_id: str, nonce: str | None) -> tuple[str
     return token, AttemptMaterial(token_hash(token), sealed)
 
 
-APPROVAL_REFUSALS = frozenset({"approval_required", "approval_denied"})
+APPROVAL_REFUSALS = frozenset({OutcomeCode.APPROVAL_REQUIRED, OutcomeCode.APPROVAL_DENIED})
 
 
 async def claim(
@@ -232,8 +210,8 @@ async def claim(
         req.effect_ref,
         None if approval_ask is None else dict(approval_ask),
     )
-    verdict: str = row["outcome"]
-    if verdict == "vanished":  # purged three times between our insert and our read: give up, retryable
+    verdict = OutcomeCode(row["outcome"])
+    if verdict is OutcomeCode.VANISHED:  # purged three times between our insert and our read: retryable
         raise DatabaseUnavailable("claim", "OperationVanished")
     if verdict in APPROVAL_REFUSALS:  # no operation created or changed; the gate's request is the answer
         ledger.observer.observe("claim", verdict, ())
@@ -241,12 +219,12 @@ async def claim(
         refusal = Refusal(verdict, _APPROVAL_DETAIL[verdict])
         approval = view_of(row["approval"], row["db_now"])
         return ClaimResult(verdict, existing, None, refusal=refusal, approval=approval)
-    outcome = _settle(ledger, "claim", row, lambda op: decide_claim(op, req), observed_as_verdict=True)
+    outcome = _settle(ledger, "claim", row, req.binding)
     assert outcome.operation is not None
     op = outcome.operation
-    if verdict in ("created", "new_attempt"):
+    if verdict in (OutcomeCode.CREATED, OutcomeCode.NEW_ATTEMPT):
         return ClaimResult(verdict, op, token, outcome.events, approval=view_of(row["approval"], op.now))
-    if verdict == "replay":
+    if verdict is OutcomeCode.REPLAY:
         assert nonce is not None and op.sealed_token is not None
         return ClaimResult(verdict, op, encode_token(unseal(op.sealed_token, nonce, tenant, op.operation_id)))
     return ClaimResult(verdict, op, None, refusal=outcome.refusal)
@@ -264,7 +242,7 @@ async def submit(
     row = await _call(
         ledger, "submit", "run_submit", tenant, operation_id, token_hash(token), effect_ref, lease_seconds
     )
-    return _settle(ledger, "submit", row, lambda op: decide_submit(op, token, effect_ref, lease_seconds))
+    return _settle(ledger, "submit", row)
 
 
 async def heartbeat(
@@ -274,7 +252,7 @@ async def heartbeat(
     row = await _call(
         ledger, "heartbeat", "run_heartbeat", tenant, operation_id, token_hash(token), lease_seconds
     )
-    return _settle(ledger, "heartbeat", row, lambda op: decide_heartbeat(op, token, lease_seconds))
+    return _settle(ledger, "heartbeat", row)
 
 
 def _incident_record(incident: Incident) -> dict[str, Any]:
@@ -308,11 +286,12 @@ async def complete(
         _jcs(report.reason),
         None if incident is None else _incident_record(incident),
     )
-    if row["outcome"] == "validation_failed":
+    if row["outcome"] == OutcomeCode.VALIDATION_FAILED:
         refusal = validation_failed([("diagnostics.attempt", "is not the operation's current attempt")])
         ledger.observer.observe("complete", refusal.code, ())
-        return Outcome(refusal.code, None, Refusal(refusal.code, refusal.detail, refusal.extensions))
-    outcome = _settle(ledger, "complete", row, lambda op: decide_complete(op, actor, token, report))
+        code = OutcomeCode.VALIDATION_FAILED
+        return Outcome(code, None, Refusal(refusal.code, refusal.detail, refusal.extensions))
+    outcome = _settle(ledger, "complete", row)
     if incident is None or outcome.refusal is not None:
         return outcome
     return Outcome(outcome.outcome, outcome.operation, None, outcome.events, row["incident_ref"])
@@ -332,7 +311,7 @@ async def resolve(ledger: Ledger, tenant: str, operation_id: str, actor: str, re
         _jcs(report.reason),
         _jcs(report.evidence),
     )
-    return _settle(ledger, "resolve", row, lambda op: decide_resolve(op, actor, report))
+    return _settle(ledger, "resolve", row)
 
 
 async def get_operation(ledger: Ledger, tenant: str, operation_id: str) -> Operation:

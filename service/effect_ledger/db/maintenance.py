@@ -111,7 +111,7 @@ async def sweep_batch(
             if await conn.fetchrow(sql("lock_operation_unless_held"), tenant, operation_id) is None:
                 continue
             # ledger.sweep binds the tenant too, reads the locked row's chain head and clock, and applies
-            # the expiry rule that complete and resolve apply (domain/transitions.decide_sweep).
+            # the expiry rule that complete and resolve apply (alembic/functions/60_sweep.sql).
             row = await conn.fetchrow(sql("run_sweep"), tenant, operation_id)
             events = returned_events(row)
             swept += row["outcome"] == "expired"

@@ -77,6 +77,18 @@ def execute_script(script: str) -> None:
         cursor.execute(script)
 
 
+def function_files() -> list[Path]:
+    """The write path's function definitions, one file each, in the order they are applied."""
+    return sorted((migrations_dir() / "functions").glob("*.sql"))
+
+
+def apply_functions() -> None:
+    """(Re)create every function of alembic/functions/ from its file (CREATE OR REPLACE): migration
+    0009, and any later migration that changes one of them, calls this after its own DDL."""
+    for path in function_files():
+        execute_script(path.read_text("utf-8"))
+
+
 def _catalogue(name: str, *params: object) -> Any:
     """Run a catalogue statement ($n parameters, as asyncpg takes them) on the migration's connection."""
     with psycopg.RawCursor(_dbapi_connection()) as cursor:

@@ -12,6 +12,9 @@ HEADER = (
     "-- Alembic. Do not edit: change a migration, regenerate, and the drift test keeps the two equal.\n"
 )
 _DROPPED_PREFIXES = ("--", "SET ", "SELECT pg_catalog.set_config", "\\restrict", "\\unrestrict")
+# Kept: the write path's SQL helpers call one another (alembic/functions/00_helpers.sql), and pg_dump
+# orders functions by name, so the file creates them with body checks off, as pg_dump itself does.
+_KEPT = ("SET check_function_bodies = false;",)
 
 
 def pg_dump_binary() -> str:
@@ -32,7 +35,11 @@ def pg_dump_binary() -> str:
 
 def normalise(dump: str) -> str:
     """Drop comments, session settings and pg_dump's random \\restrict keys; squeeze blank lines."""
-    kept = [line.rstrip() for line in dump.splitlines() if not line.startswith(_DROPPED_PREFIXES)]
+    kept = [
+        line.rstrip()
+        for line in dump.splitlines()
+        if line.startswith(_KEPT) or not line.startswith(_DROPPED_PREFIXES)
+    ]
     text = "\n".join(kept)
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")

@@ -1,0 +1,130 @@
+-- ledger.complete: the executor's report of committed, not_applied or unknown (a late report from
+-- unknown too). With `incident` (complete(unknown) with diagnostics) the incident row is inserted in
+-- the same transaction when the report is recorded; a repeat answers with the reference stored the
+-- first time. One statement, one round trip (db/ledger.complete).
+--
+-- outcome_code (domain/outcomes.Outcome): completed | unchanged | not_found | validation_failed
+--   | stale_claim | conflicting_outcome | invalid_transition
+-- In order: no row -> not_found; another attempt's token -> stale_claim; terminal -> unchanged when
+-- the report repeats it (ledger.same_outcome), else conflicting_outcome with a `discrepancy` event;
+-- unknown reported while pending -> invalid_transition; diagnostics naming another attempt ->
+-- validation_failed (nothing written); unknown reported while unknown -> at most the expiry is
+-- recorded (completed, or unchanged); otherwise the outcome is recorded (completed).
+-- A submitted operation whose lease ran out first gets its `lease_expired` event (unknown), then the report.
+CREATE OR REPLACE FUNCTION ledger.complete(
+    tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text,
+    reason text, incident jsonb,
+    OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb,
+    OUT incident_ref text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    status text;
+    now timestamptz;
+    terminal constant boolean := outcome IN ('committed', 'not_applied');
+    incident_id constant text := incident ->> 'incident_id';
+    seq integer;
+    head text;
+    e jsonb;
+    recorded_receipt jsonb;
+    recorded_reason jsonb;
+BEGIN
+    events := '[]';
+    PERFORM ledger.bind_tenant(tenant);
+    SELECT * INTO op FROM ledger.operations AS t
+    WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+    FOR UPDATE;
+    db_now := clock_timestamp();
+    now := date_trunc('milliseconds', db_now);
+    status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
+                   THEN 'unknown' ELSE op.status END;
+    outcome_code := CASE
+        WHEN op.tenant_id IS NULL THEN 'not_found'
+        WHEN op.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN status IN ('committed', 'not_applied') THEN
+            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
+                 ELSE 'conflicting_outcome' END
+        WHEN outcome = 'unknown' AND status = 'pending' THEN 'invalid_transition'
+        WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> op.attempt
+            THEN 'validation_failed'  -- the diagnostics name another attempt: nothing is written
+        ELSE 'completed'
+    END;
+    IF outcome_code = 'conflicting_outcome' THEN  -- the disagreement is recorded, the state kept
+        e := ledger.append_event(tenant, operation_id, op.chain_seq + 1, op.chain_hash, now, 'discrepancy', actor,
+                                 status, status, op.attempt,
+                                 ledger.discrepancy_data(op.status, outcome, receipt, reason, 'complete'));
+        events := jsonb_build_array(e);
+        UPDATE ledger.operations AS t SET chain_seq = t.chain_seq + 1, chain_hash = e ->> 'hash'
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+        RETURNING * INTO op;
+        RETURN;
+    END IF;
+    IF outcome_code <> 'completed' THEN
+        RETURN;
+    END IF;
+    seq := op.chain_seq;
+    head := op.chain_hash;
+    IF op.status = 'submitted' AND status = 'unknown' THEN  -- the lease ran out: materialise it first
+        seq := seq + 1;
+        e := ledger.append_event(tenant, operation_id, seq, head, now, 'lease_expired', 'effect-ledger',
+                                 'submitted', 'unknown', op.attempt, ledger.lease_data(op.lease_expires_at));
+        events := jsonb_build_array(e);
+        head := e ->> 'hash';
+    END IF;
+    IF outcome = 'unknown' AND op.status = 'unknown' THEN
+        -- already unknown: nothing to record; a repeat with diagnostics names the incident stored first
+        outcome_code := 'unchanged';
+        incident_ref := CASE WHEN incident IS NOT NULL THEN (
+            SELECT ev.data ->> 'incident' FROM ledger.events AS ev
+            WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
+              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+            ORDER BY ev.seq DESC LIMIT 1) END;
+        RETURN;
+    ELSIF outcome = 'unknown' AND status = 'unknown' THEN
+        -- reported unknown after the lease ran out: the expiry is all there is to record
+        incident_ref := CASE WHEN incident IS NOT NULL THEN (
+            SELECT ev.data ->> 'incident' FROM ledger.events AS ev
+            WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
+              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+            ORDER BY ev.seq DESC LIMIT 1) END;
+        UPDATE ledger.operations AS t SET
+            status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = head
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+        RETURNING * INTO op;
+        RETURN;
+    END IF;
+    -- Record the reported outcome (the same settlement as ledger.resolve's).
+    seq := seq + 1;
+    e := ledger.append_event(tenant, operation_id, seq, head, now, 'completed', actor, status, outcome, op.attempt,
+                             ledger.settled_data(outcome, receipt, reason, NULL, incident_id));
+    events := events || e;
+    -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
+    -- routed UPDATE
+    recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
+        receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    recorded_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
+    UPDATE ledger.operations AS t SET
+        status = complete.outcome,
+        receipt = recorded_receipt, not_applied_reason = recorded_reason,
+        lease_expires_at = NULL, updated_at = now,
+        resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
+        chain_seq = seq, chain_hash = e ->> 'hash'
+    WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+    RETURNING * INTO op;
+    incident_ref := incident_id;
+    IF incident_id IS NOT NULL THEN
+        INSERT INTO diagnostics.incidents (
+            tenant_id, incident_id, source, principal, operation_id, attempt, phase, cause, http_status,
+            provider, provider_request_id, retryable_hint, elapsed_ms, detail_code, headers, route, method,
+            exception_type, created_at)
+        SELECT tenant, i.incident_id, i.source, i.principal, i.operation_id, op.attempt, i.phase, i.cause,
+               i.http_status, i.provider, i.provider_request_id, i.retryable_hint, i.elapsed_ms,
+               i.detail_code, i.headers, i.route, i.method, i.exception_type,
+               COALESCE(i.created_at, clock_timestamp())
+        FROM jsonb_to_record(incident) AS i(
+            incident_id text, source text, principal text, operation_id text, phase text, cause text,
+            http_status integer, provider text, provider_request_id text, retryable_hint boolean,
+            elapsed_ms bigint, detail_code text, headers jsonb, route text, method text,
+            exception_type text, created_at timestamptz);
+    END IF;
+END
+$$;
