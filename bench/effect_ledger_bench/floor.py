@@ -55,6 +55,7 @@ def statement_cycle(pool: asyncpg.Pool) -> Cycle:
                 None,
                 False,
                 None,
+                None,  # no approval policy covers the bench's tool
             )
         async with pool.acquire() as conn:
             await conn.fetchrow(sql("run_submit"), TENANT, op_id, token_hash, f"ref-{op_id}", None)

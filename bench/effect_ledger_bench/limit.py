@@ -170,6 +170,7 @@ SERVICE_CLAIM = {
     10: ":sealed_token",
     11: "false",
     12: "NULL",
+    13: "NULL",  # no approval policy covers the bench's tool
 }
 SERVICE_SUBMIT = {1: ":tenant", 2: ":op", 3: ":token_hash", 4: ":effect_ref", 5: "NULL"}
 SERVICE_COMPLETE = {

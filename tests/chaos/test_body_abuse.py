@@ -136,6 +136,7 @@ async def test_abusive_bodies_get_their_4xx_and_never_a_5xx(
             httpx.AsyncClient(base_url=service.base_url, transport=history.transport(), timeout=30) as http,
         ):
             r = await http.post("/v1/operations/abuse/claim", content=_claim(), headers=HEADERS)
+            assert r.status_code == 201, r.text
             token = r.json()["claim"]["token"]
             table = cases(token)
             for name, (path, body, extra, status, code) in table.items():

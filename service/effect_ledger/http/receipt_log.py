@@ -18,7 +18,7 @@ from effect_ledger.http.context import audit_ledger_of, caller_of
 from effect_ledger.http.paging import QueryProblems
 from effect_ledger.http.schemas import check_operation_id
 
-TEXT = "text/plain; charset=utf-8"
+TEXT = "text/plain"  # Litestar adds "; charset=utf-8" to text/* answers itself
 IMMUTABLE = "public, max-age=31536000, immutable"
 SHORT = "no-cache, max-age=0"
 
@@ -33,7 +33,7 @@ class LogController(Controller):
     path = "/v1/log"
     tags = ("audit",)
 
-    @get("/checkpoint", guards=[requires(AUDIT)])
+    @get("/checkpoint", guards=[requires(AUDIT)], media_type=TEXT)
     async def checkpoint(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """The latest signed checkpoint (a signed note) with every witness cosignature collected for it."""
         QueryProblems(request, ()).check()
@@ -59,7 +59,7 @@ class LogController(Controller):
             }
         )
 
-    @get("/tile/{rest:path}", guards=[requires(AUDIT)])
+    @get("/tile/{rest:path}", guards=[requires(AUDIT)], media_type="application/octet-stream")
     async def tile(self, request: Request[Any, Any, Any], rest: FromPath[str]) -> Response[Any]:
         """A tile `tile/L/N[.p/W]` or entry bundle `tile/entries/N[.p/W]`; a full one never changes."""
         QueryProblems(request, ()).check()
@@ -72,7 +72,7 @@ class LogController(Controller):
         cache = SHORT if ref.partial else IMMUTABLE
         return Response(blob, media_type="application/octet-stream", headers={"Cache-Control": cache})
 
-    @get("/proof", guards=[requires(AUDIT)])
+    @get("/proof", guards=[requires(AUDIT)], media_type=TEXT)
     async def proof(
         self, request: Request[Any, Any, Any], operation_id: FromQuery[str | None] = None
     ) -> Response[Any]:
@@ -85,7 +85,7 @@ class LogController(Controller):
         text = await repo.proof_of(audit_ledger_of(request), caller_of(request).tenant, operation_id, retry)
         return Response(text, media_type=TEXT, headers={"Cache-Control": SHORT})
 
-    @get("/consistency", guards=[requires(AUDIT)])
+    @get("/consistency", guards=[requires(AUDIT)], media_type=TEXT)
     async def consistency(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """The RFC 9162 consistency proof from size `from` to the current checkpoint (a hash a line)."""
         QueryProblems(request, ("from",)).check()
