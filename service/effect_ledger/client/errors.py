@@ -210,6 +210,11 @@ class ApprovalDenied(ApprovalRequired):
     advice = "Do not run the effect."
 
 
+class NotYetLogged(LedgerProblem):
+    """409: the receipt is committed but not yet in the tenant's verifiable log; `retry_after` says when
+    to ask for its proof again (API.md section 14)."""
+
+
 class RateLimited(LedgerProblem):
     """429: the per tenant+principal limit was hit; `retry_after` says when to come back."""
 
@@ -243,6 +248,7 @@ CLASSES: dict[str, type[LedgerProblem]] = {
     "unsupported_schema": UnsupportedSchema,
     "approval_required": ApprovalRequired,
     "approval_denied": ApprovalDenied,
+    "not_yet_logged": NotYetLogged,
     "rate_limited": RateLimited,
     "internal": InternalError,
     "unavailable": Unavailable,
