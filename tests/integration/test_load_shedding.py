@@ -8,65 +8,32 @@ the row locks of every operation, so each heartbeat holds its pooled connection 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import asyncpg
 import httpx
 
 from effect_ledger.settings import Settings
 from support.auth import auth
+from support.flood import (
+    CLAIM,
+    LOCK_ALL,
+    OPERATIONS,
+    POOL,
+    QUEUE,
+    claim_all,
+    heartbeat,
+    slow,
+    until_waiting,
+)
 from support.metrics import by_label, samples
 from support.server import Service
 from support.waiting import until
 
-OPERATIONS = 12
-POOL, QUEUE = 2, 3
-CLAIM = {"tool": "t", "tool_version": "1", "intent": {}, "lease_seconds": 600}
-EXECUTOR = auth("t1", "exec-1", "ledger:execute")
 RECONCILER = auth("t1", "recon-1", "ledger:reconcile ledger:audit")
-LOCK_ALL = "SELECT 1 FROM ledger.operations WHERE tenant_id = 't1' FOR UPDATE"
-
-
-def slow(settings: Settings, **bounds: int) -> Settings:
-    """A small pool, and timeouts long enough that nothing but shedding answers while rows are locked."""
-    return replace(
-        settings,
-        pool_size=POOL,
-        audit_pool_size=2,
-        pool_acquire_timeout_ms=60_000,
-        lock_timeout_ms=60_000,
-        statement_timeout_ms=90_000,
-        rate_limit_per_second=0,
-        **bounds,
-    )
-
-
-async def claim_all(http: httpx.AsyncClient) -> dict[str, str]:
-    tokens = {}
-    for n in range(OPERATIONS):
-        r = await http.post(f"/v1/operations/op-{n}/claim", json=CLAIM, headers=EXECUTOR)
-        assert r.status_code == 201, r.text
-        tokens[f"op-{n}"] = r.json()["claim"]["token"]
-    return tokens
-
-
-def heartbeat(http: httpx.AsyncClient, op: str, token: str) -> asyncio.Task[httpx.Response]:
-    body = {"token": token, "lease_seconds": 600}
-    return asyncio.create_task(http.post(f"/v1/operations/{op}/heartbeat", json=body, headers=EXECUTOR))
 
 
 async def gauge(http: httpx.AsyncClient, name: str, pool: str) -> float:
     return by_label(samples((await http.get("/metrics")).text), name, "pool")[pool]
-
-
-async def until_waiting(http: httpx.AsyncClient, count: int) -> None:
-    """Until `count` requests queue for a runtime connection (a wait for a state, not a timed check)."""
-    await until(
-        lambda: gauge(http, "effect_ledger_db_pool_waiting", "runtime"),
-        f"{count} requests queued for a runtime connection",
-        holds=lambda waiting: waiting == count,
-        within=60,
-    )
 
 
 async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(

@@ -1,6 +1,6 @@
 """An executor flood that fills the runtime pool: every operation of tenant t1 claimed, their rows locked
 from another session, and one heartbeat per operation sent, so POOL heartbeats hold a connection, QUEUE
-wait for one and the rest are shed at once (the set-up of tests/integration/test_load_shedding.py)."""
+wait for one and the rest are shed at once (test_load_shedding.py and test_console_overload.py use it)."""
 
 from __future__ import annotations
 
