@@ -285,7 +285,8 @@ def state_path(settings: Settings) -> Path:
     if settings.log_signer_state:
         return Path(settings.log_signer_state).expanduser()
     where = urlsplit(settings.database_url or "")
-    identity = f"{where.hostname}:{where.port}{where.path}".encode()
+    hosts = where.netloc.rpartition("@")[2]  # host:port, or several of them (a failover URL)
+    identity = f"{hosts}{where.path}".encode()
     return settings.data_path / "log-signer" / f"state-{hashlib.sha256(identity).hexdigest()[:16]}"
 
 

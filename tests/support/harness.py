@@ -55,8 +55,10 @@ def timeout(short: int, long: int) -> pytest.MarkDecorator:
 
 
 def chaos_settings(db_url: str, **overrides: Any) -> Settings:
-    """What every in-process service of a scenario runs with: no background sweep, warnings only."""
-    return Settings(database_url=db_url, background_sweep=False, log_level="warning", **overrides)
+    """What every in-process service of a scenario runs with: no background sweep, warnings only, and no
+    receipts log (its own tests run it; like the tests' `settings` fixture)."""
+    values: dict[str, Any] = {"background_sweep": False, "log_level": "warning", "log_enabled": False}
+    return Settings(database_url=db_url, **{**values, **overrides})
 
 
 # -- figures ---------------------------------------------------------------------------------

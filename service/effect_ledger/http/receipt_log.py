@@ -48,7 +48,10 @@ class LogController(Controller):
         QueryProblems(request, ()).check()
         settings = _settings(request)
         origin = origin_of(settings.log_origin, caller_of(request).tenant)
-        vkey = await request.app.state.log_signer.vkey(origin)
+        signer = request.app.state.log_signer
+        if signer is None:  # LOG_ENABLED=false: this service keeps no log, so it has no key to show
+            raise not_found("log key")
+        vkey = await signer.vkey(origin)
         witnesses = repo.witness_config(settings)
         return Response(
             {
