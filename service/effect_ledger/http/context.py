@@ -32,7 +32,13 @@ def writing_ledger_of(request: Request[Any, Any, Any]) -> Ledger:
 
 def refuse_while_log_behind(request: Request[Any, Any, Any]) -> None:
     """503 (with an incident) while the receipts log is behind the signer; every write checks it."""
-    guard = getattr(request.app.state, "log_guard", None)
+    refuse_while_state_log_behind(request.app.state)
+
+
+def refuse_while_state_log_behind(state: Any) -> None:
+    """The same check on the app's state, for http.fastpath (no Request there); DatabaseUnavailable
+    reaches the app's handler for it on both paths, which records the incident."""
+    guard = getattr(state, "log_guard", None)
     if guard is not None and guard.blocked:
         raise DatabaseUnavailable("log_behind_signer", "LogBehindSigner")
 

@@ -27,6 +27,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.http.auth import ADMITTED_KEY, CALLER_KEY, EXECUTE, admit
+from effect_ledger.http.context import refuse_while_state_log_behind
 from effect_ledger.http.executor import (
     OPERATION_PATH,
     Reply,
@@ -132,13 +133,11 @@ class ExecutorFastPath:
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
         chunks, more = await self._read(scope, receive)
         data = None if more else self._decode(chunks, route)
-        guard = getattr(state, "log_guard", None)
-        if guard is not None and guard.blocked:
-            data = None  # the receipts log is behind the signer: Litestar's 503 (with its incident) answers
         if data is None:  # not the plain case: Litestar answers it, exactly as before
             await self.app(scope, _replaying(chunks, more, receive), send)
             return
         try:
+            refuse_while_state_log_behind(state)  # as writing_ledger_of does on the routed path
             reply = await route.run(state, state.ledger, caller, operation_id, data)
         except LedgerError as error:
             scope[PROBLEM_CODE_KEY] = error.code  # type: ignore[literal-required]
