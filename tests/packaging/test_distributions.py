@@ -26,20 +26,14 @@ from support.wheels import ROOT, SERVER_ONLY, Distribution, build_all, importabl
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SERVER, CLIENT, BENCH = "effect-ledger", "effect-ledger-client", "effect-ledger-bench"
-GATEWAYS = sorted(
-    name
-    for name in (
-        normalise(tomllib.loads((s / "pyproject.toml").read_text())["project"]["name"]) for s in sources()
-    )
-    if "mcp" in name
-)
+GATEWAY = "effect-ledger-mcp"
 # (distribution, extras) of each venv the tests below use.
 INSTALLS = {
     "server": (SERVER, ""),
     "server-embedded": (SERVER, "[embedded]"),
     "client": (CLIENT, ""),
     "bench": (BENCH, ""),
-    **{gateway: (gateway, "") for gateway in GATEWAYS},
+    "effect-ledger-mcp": (GATEWAY, ""),
 }
 NO_DATABASE = (
     "no EFFECT_LEDGER_DATABASE_URL is set and the embedded PostgreSQL is not installed:"
@@ -128,7 +122,7 @@ def test_every_distribution_is_one_this_module_checks() -> None:
     found = {
         normalise(tomllib.loads((s / "pyproject.toml").read_text())["project"]["name"]): s for s in sources()
     }
-    assert set(found) == {SERVER, CLIENT, BENCH, *GATEWAYS}, "a new distribution needs its install test"
+    assert set(found) == {SERVER, CLIENT, BENCH, GATEWAY}, "a new distribution needs its install test"
     assert found[SERVER] == ROOT and found[CLIENT].name == "client" and found[BENCH].name == "bench"
 
 
@@ -247,21 +241,19 @@ def test_the_bench_installs_with_the_server_it_measures(venvs: Venvs) -> None:
     assert int(done.stdout.split()[0]) > 0
 
 
-@pytest.mark.parametrize(
-    "gateway",
-    GATEWAYS
-    or [pytest.param(None, marks=pytest.mark.skip(reason="no MCP gateway distribution on this branch yet"))],
-)
 def test_the_mcp_gateway_installs_alone_without_the_server(
-    venvs: Venvs, wheels: dict[str, Distribution], gateway: str
+    venvs: Venvs, wheels: dict[str, Distribution]
 ) -> None:
-    bin_dir = venvs.bin(gateway)
-    packages = sorted(
-        {
-            m.split("/")[0]
-            for m in wheels[gateway].modules()
-            if m.count("/") == 1 and m.endswith("/__init__.py")
-        }
-    )
-    assert packages and importable(bin_dir, tuple(packages)) == packages
+    """effect-ledger-mcp: only its package, needing only the client and the MCP SDK; its command runs."""
+    gateway = wheels[GATEWAY]
+    assert {m.split("/")[0] for m in gateway.modules()} == {"effect_ledger_mcp"}
+    assert gateway.requires() == ["anyio", "effect-ledger-client", "mcp", "msgspec", "uvicorn"]
+    assert "effect-ledger-mcp = effect_ledger_mcp.cli:main" in gateway.entry_points()
+    bin_dir = venvs.bin(GATEWAY)
+    assert importable(bin_dir, ("effect_ledger_mcp", "effect_ledger.client")) == [
+        "effect_ledger_mcp",
+        "effect_ledger.client",
+    ]
     assert importable(bin_dir, (*SERVER_ONLY, "effect_ledger.http", "effect_ledger.db")) == []
+    usage = _run(bin_dir, "effect-ledger-mcp", "--help", env={})
+    assert usage.returncode == 0 and "serve" in usage.stdout and "tools" in usage.stdout

@@ -44,6 +44,12 @@ class Distribution:
         found = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)([^;\n]*)$", self.metadata(), re.MULTILINE)
         return sorted(normalise(name) for name, _ in found)
 
+    def entry_points(self) -> str:
+        """The wheel's entry_points.txt ("" when it has none)."""
+        with zipfile.ZipFile(self.wheel) as archive:
+            names = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+            return archive.read(names[0]).decode() if names else ""
+
     def modules(self) -> list[str]:
         """The files of the wheel, without its .dist-info."""
         with zipfile.ZipFile(self.wheel) as archive:
