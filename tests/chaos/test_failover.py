@@ -304,7 +304,10 @@ async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_t
                 await asyncio.to_thread(standby.promote)
                 promoted = time.monotonic()
                 while time.monotonic() - promoted < RESUME_LIMIT_SECONDS:
-                    answer = await http.post("/v1/operations/cli-1/claim", json=body)
+                    try:
+                        answer = await http.post("/v1/operations/cli-1/claim", json=body)
+                    except httpx.ConnectError as lost:  # the service itself must stay up through it
+                        raise AssertionError(f"serve stopped answering: {served.log_tail()}") from lost
                     if answer.status_code != 503:
                         break
                     assert answer.json()["code"] == "unavailable" and answer.headers["retry-after"]
