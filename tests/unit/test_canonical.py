@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from effect_ledger.domain import canonical
 from effect_ledger.domain.canonical import (
     CanonicalizationError,
     canonical_json,
@@ -251,3 +252,52 @@ def test_canonical_form_is_a_fixed_point(value: object) -> None:
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_number_text_round_trips_to_the_same_double(value: float) -> None:
     assert float(serialize_number(value)) == value or value == 0
+
+
+# Mostly plain values (ASCII keys, small integers) so that the fast path is taken often, with
+# surrogates, astral characters, floats and big integers mixed in so that it is also refused.
+_any_text = st.text(st.characters(blacklist_categories=()))
+_mixed_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _any_text,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(st.characters(max_codepoint=0x7F)) | _any_text, children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(_mixed_values)
+def test_the_fast_path_writes_what_the_full_path_writes(value: object) -> None:
+    """canonical_json takes the standard library's encoder for plain values; the full JCS writer
+    must agree byte for byte (or both refuse) on every value, plain or not."""
+    parts: list[str] = []
+    try:
+        canonical._write(value, parts, 0, canonical.DEFAULT_MAX_DEPTH)
+        expected: bytes | type[Exception] = "".join(parts).encode("utf-8")
+    except canonical.CanonicalizationError:
+        expected = canonical.CanonicalizationError
+    if expected is canonical.CanonicalizationError:
+        with pytest.raises(canonical.CanonicalizationError):
+            canonical_json(value)
+    else:
+        assert canonical_json(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"b": 1, "a": [True, None, "x\u2028\x7f\x1f"]}, {"k": 2**53}, [], {}, "\u00e9t\u00e9", [[[[1]]]]],
+)
+def test_plain_values_take_the_fast_path(value: object) -> None:
+    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)
+
+
+@pytest.mark.parametrize(
+    "value", [{"a": 1.5}, {"\u00e9": 1}, 2**53 + 1, {"a": (1, 2.0)}, {1: "x"}, {"a": {"b": object()}}]
+)
+def test_values_the_stdlib_would_write_differently_do_not(value: object) -> None:
+    assert not canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)

@@ -141,14 +141,56 @@ SELECT host(inet_server_addr()) AS address, inet_server_port() AS port,
 -- ---------------------------------------------------------------------------------------------
 
 -- name: list_operations
--- Reconciler list without a status filter: one page of the tenant's operations in creation order.
-SELECT o.*, $6::timestamptz AS db_now
-FROM ledger.operations AS o
-WHERE o.tenant_id = $1
-  AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
-  AND ($4::text IS NULL OR o.tool = $4)
-  AND ($5::timestamptz IS NULL OR o.updated_at < $5)
-ORDER BY o.created_at, o.operation_id
+-- Reconciler list without a status filter: one page of the tenant's operations in creation order,
+-- one ordered branch of operations_by_status per status merged (Merge Append: no sort of the set).
+-- There is no index by creation alone (0013: it took the write path's lookups from the primary key).
+SELECT * FROM (
+    (SELECT o.*, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'pending'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+    UNION ALL
+    (SELECT o.*, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'submitted'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+    UNION ALL
+    (SELECT o.*, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'committed'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+    UNION ALL
+    (SELECT o.*, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'not_applied'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+    UNION ALL
+    (SELECT o.*, $6::timestamptz AS db_now
+     FROM ledger.operations AS o
+     WHERE o.tenant_id = $1 AND o.status = 'unknown'
+       AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
+       AND ($4::text IS NULL OR o.tool = $4)
+       AND ($5::timestamptz IS NULL OR o.updated_at < $5)
+     ORDER BY o.created_at, o.operation_id
+     LIMIT $7)
+) AS page
+ORDER BY created_at, operation_id
 LIMIT $7;
 
 -- name: list_operations_by_status
@@ -156,6 +198,7 @@ LIMIT $7;
 SELECT o.*, $6::timestamptz AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = $8
+  AND o.status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')  -- operations_by_status's predicate
   AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
   AND ($4::text IS NULL OR o.tool = $4)
   AND ($5::timestamptz IS NULL OR o.updated_at < $5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 
@@ -44,12 +45,45 @@ class CanonicalizationError(ValueError):
 
 def canonical_json(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     """Return the RFC 8785 canonical UTF-8 encoding of a JSON-like Python value."""
+    if _plain(value, 0, max_depth):
+        # No float, no integer beyond 2**53, only ASCII keys: the standard library's compact sorted
+        # encoding is then JCS byte for byte (same escapes, code-point order = UTF-16 order for ASCII),
+        # written in C. A lone or split surrogate fails the strict UTF-8 encoding: the full path below
+        # joins the pair or raises, as it always did.
+        try:
+            return _STDLIB(value).encode("utf-8")
+        except UnicodeEncodeError:
+            pass
     parts: list[str] = []
     try:
         _write(value, parts, 0, max_depth)
     except RecursionError as exc:  # only reachable when a caller raises max_depth very high
         raise CanonicalizationError("value is nested too deeply") from exc
     return "".join(parts).encode("utf-8")
+
+
+_STDLIB = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False, allow_nan=False
+).encode
+
+
+def _plain(value: object, depth: int, max_depth: int) -> bool:
+    """Whether a value is one the standard library's encoder writes exactly as JCS does."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return True
+    if kind is int:
+        return -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT  # type: ignore[operator]
+    if depth >= max_depth:
+        return False
+    if kind is dict:
+        return all(
+            type(k) is str and k.isascii() and _plain(v, depth + 1, max_depth)
+            for k, v in value.items()  # type: ignore[attr-defined]
+        )
+    if kind is list or kind is tuple:
+        return all(_plain(v, depth + 1, max_depth) for v in value)  # type: ignore[attr-defined]
+    return False
 
 
 def intent_digest(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
