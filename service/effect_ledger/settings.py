@@ -165,6 +165,18 @@ class Settings:
         "runtime connections per worker kept for reconciler and audit calls (never used by executors)",
         at_least(1),
     )
+    write_concurrency: int = setting(
+        2,
+        "write-path statements (claim, submit, heartbeat, complete) in flight per worker; calls beyond "
+        "wait and go to PostgreSQL together (natural batching, docs/write-path.md)",
+        at_least(1),
+    )
+    write_batch_max: int = setting(
+        32,
+        "most calls of one function sent in one statement and one commit; 1 switches batching off "
+        "(each call then waits for its own pooled connection); not used on Citus",
+        at_least(1),
+    )
     statement_timeout_ms: int = setting(5000, "`statement_timeout` of every connection", at_least(1))
     lock_timeout_ms: int = setting(
         2000,

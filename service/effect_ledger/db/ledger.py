@@ -22,7 +22,7 @@ import asyncpg
 import structlog
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.pools import run_statement, tenant_tx
+from effect_ledger.db.pools import run_write, tenant_tx
 from effect_ledger.domain.approvals import view_of
 from effect_ledger.domain.canonical import canonical_json
 from effect_ledger.domain.claims import AttemptMaterial, ClaimRequest
@@ -159,7 +159,7 @@ async def _call(ledger: Ledger, call: str, query: str, tenant: str, *args: Any) 
     """Run one write-path function: one statement, one round trip; failures are counted, then raised."""
     try:
         pool, timeout = ledger.pool, ledger.acquire_timeout
-        row = await run_statement(pool, tenant, timeout, call, sql(query), tenant, *args)
+        row = await run_write(pool, timeout, call, query, tenant, *args)
     except LedgerError as exc:  # e.g. a value PostgreSQL cannot store (U+0000): 422
         ledger.observer.observe(call, exc.code, ())
         raise

@@ -27,6 +27,7 @@ import msgspec
 
 from effect_ledger import tracing
 from effect_ledger.db import failover
+from effect_ledger.db.batching import WriteBatcher
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password, writable_url
 from effect_ledger.domain.errors import DatabaseUnavailable, validation_failed
@@ -189,6 +190,10 @@ SHED_PHASE = "shed"  # the phase of a request refused before it queued (its inci
 _ADMISSIONS: dict[int, Admission] = {}
 
 
+# The write batcher of each open runtime pool (db/batching.py), when batching is on.
+_BATCHERS: dict[int, WriteBatcher] = {}
+
+
 def admit(pool: asyncpg.Pool, admission: Admission) -> None:
     """Bound `pool`'s queue with `admission` until `pool` is closed through Pools.close."""
     _ADMISSIONS[id(pool)] = admission
@@ -223,6 +228,14 @@ class Pools:
                     name, pool.get_max_size(), settings.pool_max_waiting, shed_wait
                 )
                 admit(pool, pools.admissions[name])
+        if settings.write_batch_max > 1 and not await _on_citus(runtime):
+            _BATCHERS[id(runtime)] = WriteBatcher(
+                runtime,
+                pools.acquire_timeout,
+                settings.write_concurrency,
+                settings.write_batch_max,
+                pools.admissions["runtime"],
+            )
         pools.server = failover.ServerWatch([p for p in (runtime, audit_pool, reader_pool) if p is not None])
         failover.watch(pools.server)
         return pools
@@ -234,6 +247,7 @@ class Pools:
         for pool in (self.runtime, self.audit, self.reader):
             if pool is not None:
                 _ADMISSIONS.pop(id(pool), None)
+                _BATCHERS.pop(id(pool), None)
                 await pool.close()
 
 
@@ -361,6 +375,29 @@ def translated(phase: str) -> Iterator[None]:
     except UNSTORABLE as exc:
         # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
         raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+
+
+async def _on_citus(pool: asyncpg.Pool) -> bool:
+    return bool(await pool.fetchval(sql("citus_installed")))
+
+
+def batcher_of(pool: asyncpg.Pool) -> WriteBatcher | None:
+    """The pool's write batcher (None: batching is off, or the pool is not a runtime pool)."""
+    return _BATCHERS.get(id(pool))
+
+
+async def run_write(
+    pool: asyncpg.Pool, acquire_timeout: float, phase: str, query: str, *args: Any
+) -> asyncpg.Record | None:
+    """One write-path function call by its catalogue name ($1 the tenant): through the pool's batcher
+    (natural batching, db/batching.py) when it has one, else run_statement."""
+    batcher = _BATCHERS.get(id(pool))
+    if batcher is None:
+        return await run_statement(pool, args[0], acquire_timeout, phase, sql(query), *args)
+    with tracing.database_span(phase), translated(phase):
+        async with _following(pool):
+            row: asyncpg.Record | None = await batcher.run(query, args)
+            return row
 
 
 async def run_statement(

@@ -1,0 +1,202 @@
+"""Natural batching of the write path (db/batching.py): calls that wait for the statement in flight go
+to PostgreSQL together, one statement and one commit, and each still gets exactly its own answer.
+
+The batch is made deterministic here: one call is held in flight by a row lock (the worker allows
+one statement in flight), the others queue behind it, and the lock's release sends them together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from effect_ledger.db.batching import BatchCounts, WriteBatcher
+from effect_ledger.db.pools import batcher_of
+from effect_ledger.settings import Settings
+from support.auth import auth
+from support.ledger import CLAIM, RECEIPT, call, claim, count_events, owner, submitted
+from support.server import Service
+from support.waiting import until
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return replace(settings, rate_limit_per_second=0, write_concurrency=1, write_batch_max=32)
+
+
+@pytest.fixture
+async def batched(service: Service) -> AsyncIterator[tuple[Service, WriteBatcher]]:
+    batcher = batcher_of(service.app.state.pools.runtime)
+    assert batcher is not None and batcher.limit == 1
+    yield service, batcher
+
+
+def counted(batcher: WriteBatcher) -> BatchCounts:
+    return replace(batcher.counts)
+
+
+async def hold_row(db_url: str, op: str, tenant: str = "t1") -> tuple[asyncpg.Connection, Any]:
+    """An owner transaction holding the operation's row lock: a write of it waits in flight."""
+    conn = await asyncpg.connect(db_url)
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute(
+        "SELECT 1 FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE", tenant, op
+    )
+    return conn, tx
+
+
+async def queued(batcher: WriteBatcher, n: int) -> None:
+    await until(lambda: len(batcher._waiting), f"{n} calls waiting", holds=lambda k: k == n)
+
+
+async def test_waiting_completes_go_together_and_a_failing_one_fails_alone(
+    batched: tuple[Service, WriteBatcher], db_url: str
+) -> None:
+    service, batcher = batched
+    async with service.client() as client:
+        tokens = {op: await submitted(client, op) for op in ["op-block", *(f"op-{i}" for i in range(10))]}
+        before = counted(batcher)
+        conn, tx = await hold_row(db_url, "op-block")
+        try:
+            blocked = asyncio.ensure_future(
+                call(
+                    client,
+                    "op-block",
+                    "complete",
+                    {"token": tokens["op-block"], "outcome": "committed", "receipt": RECEIPT},
+                )
+            )
+            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+
+            def body(op: str) -> dict[str, Any]:
+                # U+0000 is valid JSON that jsonb cannot store: PostgreSQL refuses that one command
+                receipt = {"external_ref": "bad\u0000ref"} if op == "op-5" else RECEIPT
+                return {"token": tokens[op], "outcome": "committed", "receipt": receipt}
+
+            answers = asyncio.gather(
+                *(call(client, f"op-{i}", "complete", body(f"op-{i}")) for i in range(10))
+            )
+            await queued(batcher, 10)
+        finally:
+            await tx.rollback()
+            await conn.close()
+        assert (await blocked).status_code == 200
+        results = await answers
+    by_op = {f"op-{i}": r for i, r in enumerate(results)}
+    assert by_op["op-5"].status_code == 422, by_op["op-5"].text
+    assert by_op["op-5"].json()["code"] == "validation_failed"
+    assert {op: r.status_code for op, r in by_op.items() if op != "op-5"} == {
+        f"op-{i}": 200 for i in range(10) if i != 5
+    }
+    assert all(r.json()["status"] == "committed" for op, r in by_op.items() if op != "op-5")
+    after = counted(batcher)
+    # the held call alone, then the ten in one statement, which failed and ran each alone
+    assert (after.statements - before.statements, after.commands - before.commands) == (2, 11)
+    assert after.fallbacks - before.fallbacks == 1
+    async with owner(db_url) as conn:
+        rows = await conn.fetch(
+            "SELECT operation_id, status, chain_seq FROM ledger.operations WHERE tenant_id = 't1'"
+        )
+    state = {r["operation_id"]: (r["status"], r["chain_seq"]) for r in rows}
+    assert state.pop("op-5") == ("submitted", 2)  # nothing of the refused complete was written
+    assert set(state.values()) == {("committed", 3)}
+    assert await count_events(db_url) == 11 * 3 - 1
+
+
+async def test_claims_of_two_tenants_in_one_batch_stay_apart(
+    batched: tuple[Service, WriteBatcher], db_url: str
+) -> None:
+    service, batcher = batched
+    async with service.client() as client:
+        token = await submitted(client, "op-block")
+        conn, tx = await hold_row(db_url, "op-block")
+        try:
+            blocked = asyncio.ensure_future(
+                call(
+                    client,
+                    "op-block",
+                    "complete",
+                    {"token": token, "outcome": "committed", "receipt": RECEIPT},
+                )
+            )
+            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+            before = counted(batcher)  # the held complete's statement is counted already
+            # the same IDs in both tenants, and each ID twice in t1: one grant, one in-progress answer
+            sends = [("t1", f"same-{i}", "exec-1") for i in range(4)] + [
+                ("t2", f"same-{i}", "exec-9") for i in range(4)
+            ]
+            sends += [("t1", f"same-{i}", "exec-1") for i in range(4)]
+            answers = asyncio.gather(*(claim(client, op, tenant=t, sub=s) for t, op, s in sends))
+            await queued(batcher, len(sends))
+        finally:
+            await tx.rollback()
+            await conn.close()
+        assert (await blocked).status_code == 200
+        results = await answers
+        after = counted(batcher)
+        assert (after.statements - before.statements, after.commands - before.commands) == (1, 12)
+        assert after.fallbacks == before.fallbacks
+        codes = [r.status_code for r in results]
+        assert codes[:8] == [201] * 8 and codes[8:] == [409] * 4
+        assert {r.json()["code"] for r in results[8:]} == {"operation_in_progress"}
+        for tenant, principal in (("t1", "exec-1"), ("t2", "exec-9")):
+            r = await client.get("/v1/operations/same-0", headers=auth(tenant=tenant))
+            assert r.status_code == 200 and r.json()["principal"] == principal
+    async with owner(db_url) as conn:
+        tenants = await conn.fetch(
+            "SELECT tenant_id, count(*) AS n FROM ledger.operations WHERE operation_id LIKE 'same-%' GROUP BY 1 ORDER BY 1"
+        )
+    assert [(r["tenant_id"], r["n"]) for r in tenants] == [("t1", 4), ("t2", 4)]
+
+
+async def test_a_call_with_nothing_waiting_goes_alone_at_once(batched: tuple[Service, WriteBatcher]) -> None:
+    service, batcher = batched
+    async with service.client() as client:
+        before = counted(batcher)
+        for i in range(5):
+            r = await claim(client, f"alone-{i}")
+            assert r.status_code == 201
+        after = counted(batcher)
+    assert (after.statements - before.statements, after.commands - before.commands) == (5, 5)
+
+
+async def test_batching_off_uses_no_batcher(settings: Settings) -> None:
+    async with Service(replace(settings, write_batch_max=1)) as service, service.client() as client:
+        assert batcher_of(service.app.state.pools.runtime) is None
+        r = await claim(client, "off-1", CLAIM)
+        assert r.status_code == 201
+
+
+async def test_many_concurrent_cycles_each_get_their_answers(
+    batched: tuple[Service, WriteBatcher], db_url: str
+) -> None:
+    """No lock held: 40 executors in full cycles against one statement in flight; batches form by
+    themselves, and every cycle ends committed with its three chained events."""
+    service, batcher = batched
+    before = counted(batcher)
+    limits = httpx.Limits(max_connections=40, max_keepalive_connections=40)
+    async with service.client(limits=limits) as client:
+
+        async def cycle(n: int) -> tuple[int, ...]:
+            r1 = await claim(client, f"cy-{n}")
+            token = r1.json()["claim"]["token"]
+            r2 = await call(client, f"cy-{n}", "submit", {"token": token})
+            r3 = await call(client, f"cy-{n}", "heartbeat", {"token": token, "lease_seconds": 60})
+            r4 = await call(
+                client, f"cy-{n}", "complete", {"token": token, "outcome": "committed", "receipt": RECEIPT}
+            )
+            return r1.status_code, r2.status_code, r3.status_code, r4.status_code
+
+        codes = await asyncio.gather(*(cycle(n) for n in range(40)))
+    assert set(codes) == {(201, 200, 200, 200)}
+    after = counted(batcher)
+    assert after.commands - before.commands == 160
+    assert after.statements - before.statements < 160  # some calls went together
+    assert after.fallbacks == before.fallbacks  # every batch statement ran as one
+    assert await count_events(db_url) == 120
