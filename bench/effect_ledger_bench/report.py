@@ -60,7 +60,7 @@ def render(title: list[str], rows: list[Row]) -> str:
     """The whole report as text."""
     header = ("#", "measurement", "rate", "p50 ms", "p95 ms", "p99 ms", "target", "notes")
     cells = [header]
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r.step):  # stable: a section's rows keep their order
         lat = row.latency
         cells.append(
             (

@@ -295,6 +295,29 @@ class Bench:
         finally:
             await service.stop()
 
+    async def unbatched_phase(self, url: str) -> None:
+        """1g. The full service again with natural batching off (WRITE_BATCH_MAX=1), in the same run:
+        what batching is worth (issue 20 item 5). Measured after the batched row, on the same tables."""
+        c = self.config
+        service = ServiceProcess(
+            url, self.secret, c.workers, self.workdir, {"EFFECT_LEDGER_WRITE_BATCH_MAX": "1"}
+        )
+        progress("service, natural batching off: serve with EFFECT_LEDGER_WRITE_BATCH_MAX=1")
+        await service.start()
+        try:
+            gen = self.generator(service)
+            window = self.window(url, service.cpu_seconds)
+            r = await self.measured_cycles(gen, window, c.warmup, c.duration, "unb")
+            self.layer(
+                "unbatched",
+                f"full service, natural batching off (WRITE_BATCH_MAX=1), {c.concurrency} executors",
+                r.cycles,
+                window,
+                f"{self.generator_name}, {errors_note(r)}; claim p99 {ms(r.latency('claim').p99)} ms",
+            )
+        finally:
+            await service.stop()
+
     def _service_rows(self, r: LoadResult, window: Window, rss: list[float]) -> None:
         c = self.config
         self.layer(
@@ -493,6 +516,16 @@ class Bench:
                 pg <= PG_CPU_TO_LEAN,
                 f"{service.pg_ms():.2f} / {lean.pg_ms():.2f} ms",
             )
+        unbatched = self.layers.get("unbatched")
+        if service and unbatched and unbatched.rate:
+            ratio_row(
+                "natural batching: service on / off, cycles/s",
+                service.rate / unbatched.rate,
+                "> 1 keeps it",
+                service.rate > unbatched.rate,
+                f"{service.rate:,.0f} / {unbatched.rate:,.0f} cycles/s; PostgreSQL "
+                f"{service.pg_ms():.2f} / {unbatched.pg_ms():.2f} ms per cycle",
+            )
         self.add(
             Row(
                 "7",
@@ -555,6 +588,7 @@ async def run_bench(config: BenchConfig) -> str:
             lambda: bench.limit(url),
             lambda: bench.floors(url),
             lambda: bench.service_phase(url),
+            lambda: bench.unbatched_phase(url),
         ]
         if config.growth_sizes:
             phases.append(bench.growth)

@@ -36,7 +36,14 @@ def serve_command() -> list[str]:
 class ServiceProcess:
     """A running `serve` on a free port, its database from EFFECT_LEDGER_DATABASE_URL."""
 
-    def __init__(self, database_url: str, jwt_secret: str, workers: int, workdir: Path) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        jwt_secret: str,
+        workers: int,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.workers = workers
@@ -48,6 +55,7 @@ class ServiceProcess:
             "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
             "EFFECT_LEDGER_DATA_DIR": str(workdir / "serve-data"),
             **rate_limit_env(),  # one principal drives every throughput row: no limit but the flooder's
+            **(extra_env or {}),
         }
         self._proc: asyncio.subprocess.Process | None = None
 
