@@ -166,3 +166,8 @@ INSERT INTO ledger.events (
 SELECT tenant_id, operation_id, chain_seq, updated_at, 'completed', principal, 'submitted', 'committed',
        attempt, $6, $7, $5
 FROM updated;
+
+-- name: bench_log_progress
+-- Tenant $1's committed receipts and its log's size (the integrator's progress), sampled under load.
+SELECT (SELECT count(*) FROM ledger.operations WHERE tenant_id = $1 AND status = 'committed') AS committed,
+       COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged;

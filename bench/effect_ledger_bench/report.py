@@ -12,6 +12,8 @@ SERVICE_TO_LIMIT = 0.5  # service cycles/s over the lean yardstick's (issue 20)
 PG_CPU_TO_LEAN = 1.5  # PostgreSQL CPU per cycle in the service over the lean yardstick's
 PYTHON_CPU_PER_REQUEST_MS = 0.3  # every serve process's CPU per executor request
 CLAIM_P99_MS = 10.0
+LOG_ON_TO_OFF = 0.95  # the service with the receipts log on over the same row with it off (issue 22)
+LOG_LAG_P99_S = 2.0  # a receipt's commit to its leaf in the tenant's log, under the 16-executor load
 GROWTH_P50_FACTOR = 1.25
 RSS_PER_WORKER_MB = 150.0
 

@@ -26,6 +26,7 @@ from effect_ledger_bench.growth import load_history, table_sizes
 from effect_ledger_bench.inprocess import run_in_process
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
+from effect_ledger_bench.loglag import LagSampler
 from effect_ledger_bench.neighbour import (
     FLOOD_PRINCIPAL,
     FLOOD_TASKS,
@@ -38,6 +39,8 @@ from effect_ledger_bench.procs import machine
 from effect_ledger_bench.report import (
     CLAIM_P99_MS,
     GROWTH_P50_FACTOR,
+    LOG_LAG_P99_S,
+    LOG_ON_TO_OFF,
     PG_CPU_TO_LEAN,
     PYTHON_CPU_PER_REQUEST_MS,
     QUIET_LOAD,
@@ -114,6 +117,10 @@ class Layer:
         """Cycles per second."""
         return self.cycles / self.window.seconds if self.window.seconds > 0 else 0.0
 
+    def wal_per_cycle(self) -> float:
+        """WAL bytes per cycle."""
+        return self.window.wal_bytes / max(self.cycles, 1)
+
     def pg_ms(self) -> float:
         """PostgreSQL CPU per cycle, ms (NaN when PostgreSQL runs elsewhere)."""
         pg = self.window.postgres_cpu
@@ -151,6 +158,7 @@ class Bench:
         self.layers: dict[str, Layer] = {}
         self.neighbour_factor = float("nan")
         self.claim_p99 = float("nan")
+        self.log_lags: list[float] = []
         self.service_cpu_per_request_ms = float("nan")
         self.generator_name = "n/a"
         self.load_before = load_average()
@@ -243,15 +251,16 @@ class Bench:
                 f"pgbench {r.pgbench_cpu / max(cycles, 1) * 1000:.2f} ms/cycle, {r.failed} failed",
             )
 
-    async def floors(self, url: str) -> None:
-        """1d-e. In this process: asyncpg alone (the same statements), then the ASGI app (no socket)."""
+    async def floors(self, sql_url: str, url: str) -> None:
+        """1d-e. In this process: asyncpg alone (the same statements, on the pgbench rows' database),
+        then the ASGI app (no socket) on the service's database."""
         c = self.config
         progress(f"asyncpg alone: {c.concurrency} tasks, {c.warmup:g} s warm-up + {c.duration:g} s")
         if c.warmup > 0:
-            await run_floor(url, "statements", c.concurrency, 0.0, c.warmup, "floor-warm")
-        window = self.window(url)
+            await run_floor(sql_url, "statements", c.concurrency, 0.0, c.warmup, "floor-warm")
+        window = self.window(sql_url)
         await window.open()
-        r = await run_floor(url, "statements", c.concurrency, 0.0, c.duration, "floor")
+        r = await run_floor(sql_url, "statements", c.concurrency, 0.0, c.duration, "floor")
         await window.close()
         self.layer("asyncpg", "asyncpg alone, same statements, 1 process", r.cycles, window)
         progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s")
@@ -284,8 +293,11 @@ class Bench:
                 f"service: {c.concurrency} executors via {self.generator_name}, {c.warmup:g} s warm-up"
                 f" + {c.duration:g} s"
             )
+            lag = LagSampler(url, TENANT)
+            await lag.start()
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, "cyc")
             rss = service.rss_mb()
+            self.log_lags = await lag.finish()
             self._service_rows(r, window, rss)
             await self.replay(gen, url)
             await self.contention(gen)
@@ -295,22 +307,20 @@ class Bench:
         finally:
             await service.stop()
 
-    async def unbatched_phase(self, url: str) -> None:
-        """1g. The full service again with natural batching off (WRITE_BATCH_MAX=1), in the same run:
-        what batching is worth (issue 20 item 5). Measured after the batched row, on the same tables."""
+    async def variant_phase(self, url: str, key: str, name: str, env: dict[str, str], prefix: str) -> None:
+        """1g-h. The full service again with one setting changed (natural batching off, the receipts
+        log off), in the same run, measured after the main row on the same tables."""
         c = self.config
-        service = ServiceProcess(
-            url, self.secret, c.workers, self.workdir, {"EFFECT_LEDGER_WRITE_BATCH_MAX": "1"}
-        )
-        progress("service, natural batching off: serve with EFFECT_LEDGER_WRITE_BATCH_MAX=1")
+        service = ServiceProcess(url, self.secret, c.workers, self.workdir, env)
+        progress(f"service, {name}: serve with {' '.join(f'{k}={v}' for k, v in env.items())}")
         await service.start()
         try:
             gen = self.generator(service)
             window = self.window(url, service.cpu_seconds)
-            r = await self.measured_cycles(gen, window, c.warmup, c.duration, "unb")
+            r = await self.measured_cycles(gen, window, c.warmup, c.duration, prefix)
             self.layer(
-                "unbatched",
-                f"full service, natural batching off (WRITE_BATCH_MAX=1), {c.concurrency} executors",
+                key,
+                f"full service, {name}, {c.concurrency} executors",
                 r.cycles,
                 window,
                 f"{self.generator_name}, {errors_note(r)}; claim p99 {ms(r.latency('claim').p99)} ms",
@@ -526,6 +536,29 @@ class Bench:
                 f"{service.rate:,.0f} / {unbatched.rate:,.0f} cycles/s; PostgreSQL "
                 f"{service.pg_ms():.2f} / {unbatched.pg_ms():.2f} ms per cycle",
             )
+        log_off = self.layers.get("log_off")
+        if service and log_off and log_off.rate:
+            ratio_row(
+                "receipts log: service on / off, cycles/s",
+                service.rate / log_off.rate,
+                f">= {LOG_ON_TO_OFF:.2f}",
+                service.rate >= LOG_ON_TO_OFF * log_off.rate,
+                f"{service.rate:,.0f} / {log_off.rate:,.0f} cycles/s; WAL {service.wal_per_cycle():,.0f} / "
+                f"{log_off.wal_per_cycle():,.0f} B per cycle",
+            )
+        if self.log_lags:
+            ordered = sorted(self.log_lags)
+            p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+            self.add(
+                Row(
+                    "7",
+                    "receipts log: integration lag p99 under load, s",
+                    f"{p99:.2f}",
+                    target=f"<= {LOG_LAG_P99_S:g}: {verdict(p99 <= LOG_LAG_P99_S)}",
+                    notes=f"p50 {p50:.2f} s over {len(ordered):,} receipts of the full-service row, "
+                    "commit to leaf, sampled every 0.1 s",
+                )
+            )
         self.add(
             Row(
                 "7",
@@ -584,11 +617,28 @@ async def run_bench(config: BenchConfig) -> str:
     try:
         bench = Bench(config, cluster, workdir)
         url = await cluster.create("effect_ledger_bench")
+        # pgbench's and asyncpg's rows in a database of their own: the yardstick's events carry a fixed
+        # hash (not a chain), so in the service's database the receipts log would refuse them again on
+        # every pass, and the service would be measured while its integrator catches up on them
+        sql_url = await cluster.create("effect_ledger_bench_sql")
         phases: list[Callable[[], Awaitable[None]]] = [
-            lambda: bench.limit(url),
-            lambda: bench.floors(url),
+            lambda: bench.limit(sql_url),
+            lambda: bench.floors(sql_url, url),
             lambda: bench.service_phase(url),
-            lambda: bench.unbatched_phase(url),
+            lambda: bench.variant_phase(
+                url,
+                "unbatched",
+                "natural batching off (WRITE_BATCH_MAX=1)",
+                {"EFFECT_LEDGER_WRITE_BATCH_MAX": "1"},
+                "unb",
+            ),
+            lambda: bench.variant_phase(
+                url,
+                "log_off",
+                "receipts log off (LOG_ENABLED=false)",
+                {"EFFECT_LEDGER_LOG_ENABLED": "false"},
+                "nol",
+            ),
         ]
         if config.growth_sizes:
             phases.append(bench.growth)

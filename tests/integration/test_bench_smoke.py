@@ -31,6 +31,8 @@ ROWS = [
     rf"1 +full service: serve --workers 1, 16 executors over HTTP +[\d,]+ cycles/s +{PER_CYCLE}.*0 errors",
     rf"1 +full service, natural batching off \(WRITE_BATCH_MAX=1\), 16 executors +[\d,]+ cycles/s +{PER_CYCLE}"
     r".*0 errors; claim p99 [\d.]+ ms",
+    rf"1 +full service, receipts log off \(LOG_ENABLED=false\), 16 executors +[\d,]+ cycles/s +{PER_CYCLE}"
+    r".*0 errors; claim p99 [\d.]+ ms",
     r"2 +service: claim +[\d,]+ calls/s .*p99 <= 10 ms: (PASS|MISS)",
     r"2 +service: submit +[\d,]+ calls/s",
     r"2 +service: complete +[\d,]+ calls/s",
@@ -52,6 +54,9 @@ ROWS = [
     r"7 +PostgreSQL CPU per cycle, service / lean +([\d.]+|nan|not reported) +<= 1.5: (PASS|MISS|NOT MEASURED)",
     r"7 +natural batching: service on / off, cycles/s +([\d.]+ +> 1 keeps it: (PASS|MISS)|not reported +> 1 "
     r"keeps it: NOT MEASURED)",
+    r"7 +receipts log: service on / off, cycles/s +([\d.]+ +>= 0.95: (PASS|MISS)|not reported +>= 0.95: "
+    r"NOT MEASURED)",
+    r"7 +receipts log: integration lag p99 under load, s +[\d.]+ +<= 2: (PASS|MISS) +p50 [\d.]+ s over",
     r"7 +claim p99 at 16 executors, ms +[\d.]+ +<= 10: (PASS|MISS)",
     r"7 +noisy neighbour: quiet p99 beside the flood / alone +[\d.]+ +<= 2: (PASS|MISS)",
     r"7 +Python CPU per request \(service\), ms +[\d.]+ +<= 0.3: (PASS|MISS) +every serve process",
