@@ -341,6 +341,27 @@ def test_only_the_log_signer_mounts_the_signing_key(name: str) -> None:
     assert config_map(name)["data"]["EFFECT_LEDGER_LOG_SIGNER_URL"] == f"http://{APP}-log-signer:7380"
 
 
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_every_server_replica_reads_one_journal_key_ring(name: str) -> None:
+    """Continuation payloads sealed by one pod must open on another: the key ring is one Secret,
+    mounted read-only in the server pods and named by JOURNAL_STATE_KEY_FILE."""
+    server = one(name, "Deployment", APP)
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    path = config_map(name)["data"]["EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE"]
+    assert path == "/etc/effect-ledger/journal/state.keys"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["journal-state-key"] == {
+        "name": "journal-state-key",
+        "mountPath": "/etc/effect-ledger/journal",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in server["spec"]["template"]["spec"]["volumes"]}
+    secret = volumes["journal-state-key"]["secret"]
+    assert secret["secretName"] == f"{APP}-journal-state" and secret["defaultMode"] == 0o440
+    assert secret["items"] == [{"key": "state.keys", "path": "state.keys"}]
+    assert server["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
+
+
 # --- network ---------------------------------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ CONFIG_KEYS = {
     "EFFECT_LEDGER_PORT",
     "EFFECT_LEDGER_JWT_ALGORITHM",
     "EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE",
+    "EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE",
     "EFFECT_LEDGER_JWT_AUDIENCE",
     "EFFECT_LEDGER_JWT_ISSUER",
     "EFFECT_LEDGER_RETENTION_DAYS",
@@ -113,13 +114,15 @@ def test_config_map_settings(name: str) -> None:
             # the signer verifies no tokens: it mounts its own key only (tests/static/test_k8s.py)
             assert {v["name"] for v in spec["volumes"]} == {"tmp", "log-signer-key", "log-signer-state"}
             continue
-        # The key file path lies in a read-only mount of a Secret that projects that file.
-        key_path = data["EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE"]
-        mount = next(m for m in container["volumeMounts"] if key_path.startswith(m["mountPath"] + "/"))
-        assert mount["readOnly"] is True
-        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-        relative = key_path[len(mount["mountPath"]) + 1 :]
-        assert [item["path"] for item in volume["secret"]["items"]] == [relative]
+        # Each key file path lies in a read-only mount of a Secret that projects that file (settings
+        # check that a configured file is readable, so every workload mounts both).
+        for setting in ("EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE", "EFFECT_LEDGER_JOURNAL_STATE_KEY_FILE"):
+            key_path = data[setting]
+            mount = next(m for m in container["volumeMounts"] if key_path.startswith(m["mountPath"] + "/"))
+            assert mount["readOnly"] is True
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            relative = key_path[len(mount["mountPath"]) + 1 :]
+            assert [item["path"] for item in volume["secret"]["items"]] == [relative]
 
 
 # --- batch -----------------------------------------------------------------------------------
