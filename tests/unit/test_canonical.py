@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from effect_ledger.domain import canonical
 from effect_ledger.domain.canonical import (
     CanonicalizationError,
     canonical_json,
+    canonical_json_reference,
     intent_digest,
     serialize_number,
 )
@@ -251,3 +253,88 @@ def test_canonical_form_is_a_fixed_point(value: object) -> None:
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_number_text_round_trips_to_the_same_double(value: float) -> None:
     assert float(serialize_number(value)) == value or value == 0
+
+
+# --- the msgspec fast path (canonical_json) against the rule-by-rule reference --------------------
+
+any_text = st.text(st.characters(blacklist_categories=()))  # surrogates and astral characters too
+odd_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**54), max_value=2**54)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | any_text
+    | st.sampled_from(["\ud83d\ude00", "\U0001f600", "\ue000", "\x7f", "\u2028", '\x00\x1f\b\\"']),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(
+            any_text | st.sampled_from(["\ue000", "\U0001f600", "a", "B"]), children, max_size=5
+        )
+    ),
+    max_leaves=24,
+)
+
+
+def _either(value: object, encode: object) -> tuple[str, object]:
+    try:
+        return "ok", encode(value)  # type: ignore[operator]
+    except CanonicalizationError as refused:
+        return "refused", str(refused)
+
+
+@given(odd_values)
+def test_the_fast_path_writes_exactly_what_the_reference_writes(value: object) -> None:
+    assert _either(value, canonical_json) == _either(value, canonical_json_reference)
+
+
+@given(json_values)
+def test_the_fast_path_agrees_on_plain_json_values(value: object) -> None:
+    assert canonical_json(value) == canonical_json_reference(value)
+
+
+EVENT = {
+    "operation_id": "op-7",
+    "seq": 2,
+    "at": "2026-11-30T10:00:30.120Z",
+    "kind": "submitted",
+    "actor": "exec-1",
+    "from_status": "pending",
+    "to_status": "submitted",
+    "attempt": 1,
+    "data": {"effect_ref": "remote-req-19", "lease_expires_at": None, "flags": [True, False], "n": -(2**53)},
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "fast"),
+    [
+        (EVENT, True),
+        ({"b": [1, "x", None], "a": {"\u00e9": 1, "e": 2}}, True),
+        ((1, 2), True),
+        ({"a": 1.5}, False),  # floats: ES6 number text
+        ([2**53 + 1], False),  # beyond exact doubles
+        ({1: "a"}, False),  # msgspec would write the key as a string; the reference refuses
+        ([[[]]], True),
+    ],
+)
+def test_which_values_take_the_fast_path(value: object, fast: bool) -> None:
+    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH) is fast
+    assert _either(value, canonical_json) == _either(value, canonical_json_reference)
+
+
+def test_astral_keys_sort_by_utf16_code_units_not_code_points() -> None:
+    # U+E000 is one code unit 0xE000; U+1F600 is the pair 0xD83D 0xDE00, which sorts first in UTF-16
+    value = {"\ue000": 1, "\U0001f600": 2}
+    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)  # plain, but msgspec's order is wrong
+    assert canonical_json(value) == '{"\U0001f600":2,"\ue000":1}'.encode()
+    assert canonical_json(value) == canonical_json_reference(value)
+
+
+def test_too_deep_is_refused_by_either_path() -> None:
+    nested: object = "x"
+    for _ in range(3):
+        nested = [nested]
+    assert canonical._plain(nested, 0, 2) is False
+    with pytest.raises(CanonicalizationError, match="deeper than 2"):
+        canonical_json(nested, max_depth=2)
