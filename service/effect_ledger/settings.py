@@ -258,6 +258,15 @@ class Settings:
         None,
         'per-tenant limits: JSON, or the path of a JSON file, `{"tenant": {"per_second": n, "burst": n}}`',
     )
+    rate_limit_pace_ms: int = setting(
+        1000,
+        "how long a 429 is held when its caller comes back before its Retry-After ran out "
+        "(never longer than the Retry-After); `0`: every 429 at once",
+        at_least(0),
+    )
+    rate_limit_pace_max_held: int = setting(
+        1024, "429s held at once per worker; past it a 429 is answered at once", at_least(0)
+    )
     rate_limit_store: str | None = setting(
         None, "the bucket file shared by the workers; `serve --workers N` (N > 1) creates one when absent"
     )

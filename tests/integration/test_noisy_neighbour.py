@@ -58,7 +58,14 @@ async def flood(http: httpx.AsyncClient, quiet_done: asyncio.Event, ids: itertoo
 
 
 async def test_a_flooding_tenant_gets_429s_and_the_quiet_one_loses_nothing(settings: Settings) -> None:
-    config = replace(settings, pool_size=10, rate_limit_overrides=json.dumps({"t-flood": FLOOD_LIMIT}))
+    # The flood's 429s are paced (http.pacing; tests/integration/test_rate_limit_pacing.py), here at
+    # 0.1 s so that its FLOOD_MINIMUM requests take about two seconds.
+    config = replace(
+        settings,
+        pool_size=10,
+        rate_limit_overrides=json.dumps({"t-flood": FLOOD_LIMIT}),
+        rate_limit_pace_ms=100,
+    )
     limits = httpx.Limits(max_connections=FLOOD_TASKS + QUIET_EXECUTORS + 4)
     async with (
         Service(config) as service,
@@ -78,5 +85,6 @@ async def test_a_flooding_tenant_gets_429s_and_the_quiet_one_loses_nothing(setti
     assert flooded[201] >= FLOOD_LIMIT["burst"] and flooded[429] > 0
     claim_route = frozenset({("route", "/v1/operations/{operation_id}/claim")})
     assert found[("effect_ledger_rate_limited_total", claim_route)] == flooded[429]
+    assert 0 < found[("effect_ledger_rate_limit_paced_total", frozenset())] < flooded[429]
     shed = sum(v for (name, _), v in found.items() if name == "effect_ledger_db_pool_shed_total")
     assert shed == 0

@@ -15,6 +15,7 @@ from effect_ledger.domain import canonical
 from effect_ledger.domain.canonical import (
     CanonicalizationError,
     canonical_json,
+    canonical_json_reference,
     intent_digest,
     serialize_number,
 )
@@ -254,50 +255,86 @@ def test_number_text_round_trips_to_the_same_double(value: float) -> None:
     assert float(serialize_number(value)) == value or value == 0
 
 
-# Mostly plain values (ASCII keys, small integers) so that the fast path is taken often, with
-# surrogates, astral characters, floats and big integers mixed in so that it is also refused.
-_any_text = st.text(st.characters(blacklist_categories=()))
-_mixed_values = st.recursive(
+# --- the msgspec fast path (canonical_json) against the rule-by-rule reference --------------------
+
+any_text = st.text(st.characters(blacklist_categories=()))  # surrogates and astral characters too
+odd_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.integers(min_value=-(2**54), max_value=2**54)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | _any_text,
+    | any_text
+    | st.sampled_from(["\ud83d\ude00", "\U0001f600", "\ue000", "\x7f", "\u2028", '\x00\x1f\b\\"']),
     lambda children: (
         st.lists(children, max_size=4)
-        | st.dictionaries(st.text(st.characters(max_codepoint=0x7F)) | _any_text, children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(
+            any_text | st.sampled_from(["\ue000", "\U0001f600", "a", "B"]), children, max_size=5
+        )
     ),
-    max_leaves=20,
+    max_leaves=24,
 )
 
 
-@given(_mixed_values)
-def test_the_fast_path_writes_what_the_full_path_writes(value: object) -> None:
-    """canonical_json takes the standard library's encoder for plain values; the full JCS writer
-    must agree byte for byte (or both refuse) on every value, plain or not."""
-    parts: list[str] = []
+def _either(value: object, encode: object) -> tuple[str, object]:
     try:
-        canonical._write(value, parts, 0, canonical.DEFAULT_MAX_DEPTH)
-        expected: bytes | type[Exception] = "".join(parts).encode("utf-8")
-    except canonical.CanonicalizationError:
-        expected = canonical.CanonicalizationError
-    if expected is canonical.CanonicalizationError:
-        with pytest.raises(canonical.CanonicalizationError):
-            canonical_json(value)
-    else:
-        assert canonical_json(value) == expected
+        return "ok", encode(value)  # type: ignore[operator]
+    except CanonicalizationError as refused:
+        return "refused", str(refused)
+
+
+@given(odd_values)
+def test_the_fast_path_writes_exactly_what_the_reference_writes(value: object) -> None:
+    assert _either(value, canonical_json) == _either(value, canonical_json_reference)
+
+
+@given(json_values)
+def test_the_fast_path_agrees_on_plain_json_values(value: object) -> None:
+    assert canonical_json(value) == canonical_json_reference(value)
+
+
+EVENT = {
+    "operation_id": "op-7",
+    "seq": 2,
+    "at": "2026-11-30T10:00:30.120Z",
+    "kind": "submitted",
+    "actor": "exec-1",
+    "from_status": "pending",
+    "to_status": "submitted",
+    "attempt": 1,
+    "data": {"effect_ref": "remote-req-19", "lease_expires_at": None, "flags": [True, False], "n": -(2**53)},
+}
 
 
 @pytest.mark.parametrize(
-    "value",
-    [{"b": 1, "a": [True, None, "x\u2028\x7f\x1f"]}, {"k": 2**53}, [], {}, "\u00e9t\u00e9", [[[[1]]]]],
+    ("value", "fast"),
+    [
+        (EVENT, True),
+        ({"b": [1, "x", None], "a": {"\u00e9": 1, "e": 2}}, True),
+        ((1, 2), True),
+        ({"a": 1.5}, False),  # floats: ES6 number text
+        ([2**53 + 1], False),  # beyond exact doubles
+        ({1: "a"}, False),  # msgspec would write the key as a string; the reference refuses
+        ([[[]]], True),
+    ],
 )
-def test_plain_values_take_the_fast_path(value: object) -> None:
-    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)
+def test_which_values_take_the_fast_path(value: object, fast: bool) -> None:
+    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH) is fast
+    assert _either(value, canonical_json) == _either(value, canonical_json_reference)
 
 
-@pytest.mark.parametrize(
-    "value", [{"a": 1.5}, {"\u00e9": 1}, 2**53 + 1, {"a": (1, 2.0)}, {1: "x"}, {"a": {"b": object()}}]
-)
-def test_values_the_stdlib_would_write_differently_do_not(value: object) -> None:
-    assert not canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)
+def test_astral_keys_sort_by_utf16_code_units_not_code_points() -> None:
+    # U+E000 is one code unit 0xE000; U+1F600 is the pair 0xD83D 0xDE00, which sorts first in UTF-16
+    value = {"\ue000": 1, "\U0001f600": 2}
+    assert canonical._plain(value, 0, canonical.DEFAULT_MAX_DEPTH)  # plain, but msgspec's order is wrong
+    assert canonical_json(value) == '{"\U0001f600":2,"\ue000":1}'.encode()
+    assert canonical_json(value) == canonical_json_reference(value)
+
+
+def test_too_deep_is_refused_by_either_path() -> None:
+    nested: object = "x"
+    for _ in range(3):
+        nested = [nested]
+    assert canonical._plain(nested, 0, 2) is False
+    with pytest.raises(CanonicalizationError, match="deeper than 2"):
+        canonical_json(nested, max_depth=2)

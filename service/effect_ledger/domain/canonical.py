@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
+from collections.abc import Iterable
+
+import msgspec
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "CanonicalizationError",
     "canonical_json",
+    "canonical_json_reference",
     "intent_digest",
     "serialize_number",
 ]
@@ -22,6 +25,9 @@ DEFAULT_MAX_DEPTH = 64
 _MAX_EXACT_INT = 2**53
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ASTRAL = re.compile(rb"[\xf0-\xf4]")  # the lead byte of a UTF-8 character beyond U+FFFF
+_SORTED_ENCODE = msgspec.json.Encoder(order="sorted").encode
+_SCALARS = frozenset({str, bool, type(None)})  # always plain (ints are checked for their range)
 
 # JCS uses the ES6 JSON.stringify escapes: six short forms, other C0 controls as \u00xx
 # (lowercase hex), and every other character literal (no \u escapes for non-ASCII).
@@ -44,46 +50,64 @@ class CanonicalizationError(ValueError):
 
 
 def canonical_json(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
-    """Return the RFC 8785 canonical UTF-8 encoding of a JSON-like Python value."""
+    """Return the RFC 8785 canonical UTF-8 encoding of a JSON-like Python value.
+
+    Values made only of dicts with str keys, lists, tuples, str, exact ints, bools and None (every
+    intent, receipt and event the executor calls hash, unless they carry floats) are encoded by
+    msgspec with sorted keys, which writes exactly the JCS text for them: the same escapes (the six
+    short forms, other C0 controls as lowercase backslash-u00xx, everything else literal) and, without
+    characters beyond the BMP, code-point order equals the UTF-16 order JCS sorts by. Anything else
+    (floats, big ints, subclasses, surrogates, astral characters, other types, too deep) takes the
+    reference implementation below, which also raises every CanonicalizationError.
+    tests/unit/test_canonical.py checks both give the same bytes for arbitrary values."""
     if _plain(value, 0, max_depth):
-        # No float, no integer beyond 2**53, only ASCII keys: the standard library's compact sorted
-        # encoding is then JCS byte for byte (same escapes, code-point order = UTF-16 order for ASCII),
-        # written in C. A lone or split surrogate fails the strict UTF-8 encoding: the full path below
-        # joins the pair or raises, as it always did.
         try:
-            return _STDLIB(value).encode("utf-8")
-        except UnicodeEncodeError:
+            encoded = _SORTED_ENCODE(value)
+        except UnicodeEncodeError:  # a surrogate: the reference combines pairs or refuses
             pass
-    parts: list[str] = []
-    try:
-        _write(value, parts, 0, max_depth)
-    except RecursionError as exc:  # only reachable when a caller raises max_depth very high
-        raise CanonicalizationError("value is nested too deeply") from exc
-    return "".join(parts).encode("utf-8")
-
-
-_STDLIB = json.JSONEncoder(
-    ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False, allow_nan=False
-).encode
+        else:
+            if encoded.isascii() or _ASTRAL.search(encoded) is None:
+                return encoded
+    return canonical_json_reference(value, max_depth=max_depth)
 
 
 def _plain(value: object, depth: int, max_depth: int) -> bool:
-    """Whether a value is one the standard library's encoder writes exactly as JCS does."""
+    """Whether msgspec's sorted encoding of `value` is its JCS text (see canonical_json)."""
     kind = type(value)
-    if kind is str or value is None or kind is bool:
+    if kind is str or kind is bool or value is None:
         return True
     if kind is int:
         return -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT  # type: ignore[operator]
     if depth >= max_depth:
         return False
     if kind is dict:
-        return all(
-            type(k) is str and k.isascii() and _plain(v, depth + 1, max_depth)
-            for k, v in value.items()  # type: ignore[attr-defined]
-        )
-    if kind is list or kind is tuple:
-        return all(_plain(v, depth + 1, max_depth) for v in value)  # type: ignore[attr-defined]
-    return False
+        items: Iterable[object] = value.values()  # type: ignore[attr-defined]
+        if any(type(key) is not str for key in value):  # type: ignore[attr-defined]
+            return False
+    elif kind is list or kind is tuple:
+        items = value  # type: ignore[assignment]
+    else:
+        return False
+    for item in items:  # scalars inline: a call per member would cost more than the encoding
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind is int:
+            if not -_MAX_EXACT_INT <= item <= _MAX_EXACT_INT:  # type: ignore[operator]
+                return False
+        elif not _plain(item, depth + 1, max_depth):
+            return False
+    return True
+
+
+def canonical_json_reference(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
+    """The RFC 8785 encoding written out rule by rule: every value, every refusal."""
+    parts: list[str] = []
+    try:
+        _write(value, parts, 0, max_depth)
+    except RecursionError as exc:  # only reachable when a caller raises max_depth very high
+        raise CanonicalizationError("value is nested too deeply") from exc
+    return "".join(parts).encode("utf-8")
 
 
 def intent_digest(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:

@@ -38,6 +38,7 @@ from effect_ledger.http.journal_continuations import load_key_ring
 from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.metrics import Metrics, metrics_endpoint
 from effect_ledger.http.openapi import document_problems
+from effect_ledger.http.pacing import Pacer
 from effect_ledger.http.problems import EXCEPTION_HANDLERS
 from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.http.receipt_log import LogController
@@ -121,6 +122,11 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.metrics = metrics
     app.state.journal_metrics = JournalMetrics(metrics.registry)
     app.state.verifier = verifier
+    app.state.pacer = Pacer(
+        settings.rate_limit_pace_ms / 1000,
+        settings.rate_limit_pace_max_held,
+        on_held=metrics.rate_limit_paced.inc,
+    )
     shared_secret = (jwt_secret or settings.jwt_secret) if settings.jwt_algorithm == "HS256" else None
     app.state.console_sealer = Sealer(session_key(settings.console_session_key, shared_secret))
     app.state.migration_head = head_revision()

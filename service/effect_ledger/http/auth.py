@@ -19,6 +19,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
 from effect_ledger.domain.errors import LedgerError
+from effect_ledger.http.pacing import Pacer
 from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.settings import Settings
 
@@ -196,6 +197,16 @@ def admit(scope: Any, state: Any, scopes: Iterable[str]) -> Caller:
     return caller
 
 
+async def paced(scope: Any, state: Any, refused: LedgerError) -> LedgerError:
+    """The refusal to send for an `admit` that raised `refused`: a 429 is first held by the worker's
+    pacer when its caller keeps sending while refused (http.pacing); anything else as it is."""
+    pacer: Pacer | None = getattr(state, "pacer", None)
+    if refused.code != "rate_limited" or pacer is None:
+        return refused
+    caller: Caller = scope[CALLER_KEY]  # the limit is charged only after the token was verified
+    return await pacer.pace(refused, caller.tenant, caller.principal)
+
+
 def charge(state: Any, caller: Caller) -> None:
     """Take one request from the caller's rate limit (429 rate_limited when it is spent); the API's
     guards and the console's sessions share the one bucket of each tenant and principal."""
@@ -219,10 +230,16 @@ def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
 def requires(*scopes: str) -> Guard:
     """A guard admitting a valid token holding any of `scopes` (none named: any valid token)."""
 
-    # async although it never awaits: Litestar runs a sync guard in a worker thread on every request,
-    # and that hop (plus the GIL hand-over back) cost more than verifying the token here.
+    # async (it awaits only to hold a paced 429): Litestar runs a sync guard in a worker thread on
+    # every request, and that hop (plus the GIL hand-over back) cost more than verifying the token here.
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        admit(connection.scope, connection.app.state, scopes)
+        try:
+            admit(connection.scope, connection.app.state, scopes)
+        except LedgerError as refused:
+            sent = await paced(connection.scope, connection.app.state, refused)
+            if sent is refused:
+                raise
+            raise sent from None
 
     return guard
 

@@ -26,7 +26,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError
-from effect_ledger.http.auth import ADMITTED_KEY, CALLER_KEY, EXECUTE, admit
+from effect_ledger.http.auth import ADMITTED_KEY, CALLER_KEY, EXECUTE, admit, paced
 from effect_ledger.http.context import refuse_while_state_log_behind
 from effect_ledger.http.executor import (
     OPERATION_PATH,
@@ -128,7 +128,7 @@ class ExecutorFastPath:
             caller = admit(scope, state, (EXECUTE,))
         except LedgerError as refused:  # 401, 403, 429: before the body is read or anything routed
             scope[PROBLEM_CODE_KEY] = refused.code  # type: ignore[literal-required]  # the summary line's code
-            await send_problem(send, refused)
+            await send_problem(send, await paced(scope, state, refused))  # a flood's 429 is held first
             return
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
         chunks, more = await self._read(scope, receive)

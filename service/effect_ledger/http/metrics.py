@@ -176,6 +176,11 @@ class Metrics:
             "Requests admitted unchecked because the shared bucket table had no free slot.",
             registry=r,
         )
+        self.rate_limit_paced = Counter(
+            "effect_ledger_rate_limit_paced",
+            "429s held before they were sent, because their caller kept sending while refused.",
+            registry=r,
+        )
         self.shed = Counter(
             "effect_ledger_db_pool_shed",
             "Requests refused with 503 before queueing for a connection, by pool and reason (queue, wait).",
