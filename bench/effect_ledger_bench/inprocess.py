@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import sys
+import tempfile
 import time
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field, replace
@@ -206,10 +207,12 @@ async def run_in_process(
     prefix: str | None = None,
     duration: float | None = None,
     window: Any = None,
+    data_dir: str | None = None,
 ) -> InProcessResult:
     """Warm up, then drive `requests` executor requests (whole cycles; or cycles for `duration` seconds)
     and `requests // 3` refusals (at least 300). `window` (counters.Window) is opened and closed around
-    the measured cycles."""
+    the measured cycles. `data_dir`: the app's (its receipts-log signer keeps its state there, per
+    database name: a fresh database under an old name would read as a restored, older copy)."""
     from effect_ledger.http.app import create_app
 
     secret = secrets.token_urlsafe(48)
@@ -220,6 +223,7 @@ async def run_in_process(
         "EFFECT_LEDGER_DATABASE_URL": url,
         "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0",
         "EFFECT_LEDGER_RATE_LIMIT_PACE_MS": "0",
+        **({"EFFECT_LEDGER_DATA_DIR": data_dir} if data_dir else {}),
     }
     settings = replace(Settings.from_env(environ, rate_limit_overrides=overrides), database_url=url)
     tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(concurrency)]
@@ -262,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
         try:
             url = await cluster.create("effect_ledger_bench_inprocess")
+            data_dir = tempfile.mkdtemp(prefix="effect-ledger-inprocess-")  # a fresh signer state
             for _ in range(args.repeat):
-                r = await run_in_process(url, args.requests, args.concurrency)
+                r = await run_in_process(url, args.requests, args.concurrency, data_dir=data_dir)
                 per_request = r.cpu_per_request_ms * 1000
                 print(
                     f"{r.requests} requests in {r.seconds:.2f} s: {per_request:.0f} us CPU/request; "

@@ -266,7 +266,9 @@ class Bench:
         progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s")
         window = self.window(url)
         warm = max(int(c.warmup * 300), 30)
-        app = await run_in_process(url, 900, c.concurrency, warm, "asgi", c.duration, window)
+        app = await run_in_process(
+            url, 900, c.concurrency, warm, "asgi", c.duration, window, str(self.workdir / "serve-data")
+        )
         unexpected = {k: v for k, v in app.statuses.items() if not k.endswith((" 200", " 201"))}
         self.layer(
             "asgi",
