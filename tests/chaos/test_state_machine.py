@@ -300,7 +300,8 @@ class LedgerMachine(RuleBasedStateMachine):
         batch = purge_ledger_batch(self.purger, self.settings.retention_days, 10)
         operations, _events = self.loop.run_until_complete(batch)
         assert operations == 1
-        op.purged, op.receipt, op.reason = True, None, None
+        # the tombstone keeps the binding, status, attempt and digests; bodies and effect_ref go (9a)
+        op.purged, op.receipt, op.reason, op.effect_ref = True, None, None, None
         type(self).tombstones += 1
 
     @rule(i=ids)

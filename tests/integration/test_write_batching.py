@@ -15,6 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
+from effect_ledger.db import batching
 from effect_ledger.db.batching import BatchCounts, WriteBatcher
 from effect_ledger.db.pools import batcher_of
 from effect_ledger.settings import Settings
@@ -30,7 +31,13 @@ def settings(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-async def batched(service: Service) -> AsyncIterator[tuple[Service, WriteBatcher]]:
+async def batched(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Service, WriteBatcher]]:
+    """The service's batcher, with the stall release far away: a statement held by a row lock keeps
+    its place, so the calls sent meanwhile queue and go together once the lock is released (the stall
+    release itself is tested below, with its default)."""
+    monkeypatch.setattr(batching, "STALL_SECONDS", 60.0)
     batcher = batcher_of(service.app.state.pools.runtime)
     assert batcher is not None and batcher.limit == 1
     yield service, batcher
@@ -200,3 +207,65 @@ async def test_many_concurrent_cycles_each_get_their_answers(
     assert after.statements - before.statements < 160  # some calls went together
     assert after.fallbacks == before.fallbacks  # every batch statement ran as one
     assert await count_events(db_url) == 120
+
+
+async def test_a_command_behind_a_held_row_lock_does_not_hold_up_its_batch(
+    batched: tuple[Service, WriteBatcher], db_url: str
+) -> None:
+    """The batch waits at most BATCH_LOCK_TIMEOUT for a row; then its commands run alone side by side:
+    the others answer while the lock is still held, the held one when it is released."""
+    service, batcher = batched
+    async with service.client() as client:
+        ops = ["op-gate", "op-held", *(f"op-{i}" for i in range(5))]
+        tokens = {op: await submitted(client, op) for op in ops}
+
+        def done(op: str) -> Any:
+            body = {"token": tokens[op], "outcome": "committed", "receipt": RECEIPT}
+            return asyncio.ensure_future(call(client, op, "complete", body))
+
+        gate_conn, gate_tx = await hold_row(db_url, "op-gate")
+        held_conn, held_tx = await hold_row(db_url, "op-held")
+        try:
+            gate = done("op-gate")
+            await until(lambda: batcher._inflight, "the gate's complete in flight", holds=lambda k: k == 1)
+            before = counted(batcher)
+            held = done("op-held")
+            others = [done(f"op-{i}") for i in range(5)]
+            await queued(batcher, 6)
+            await gate_tx.rollback()  # the gate goes; the six go together and meet op-held's lock
+            assert (await gate).status_code == 200
+            answers = await asyncio.gather(*others)
+            assert [r.status_code for r in answers] == [200] * 5
+            assert not held.done()  # still waiting for its row, alone
+            after = counted(batcher)
+            assert (after.statements - before.statements, after.commands - before.commands) == (1, 6)
+            assert after.fallbacks - before.fallbacks == 1
+        finally:
+            await held_tx.rollback()
+            await gate_conn.close()
+            await held_conn.close()
+        r = await held
+        assert r.status_code == 200 and r.json()["status"] == "committed"
+
+
+async def test_a_statement_stalled_on_a_lock_gives_its_place_to_the_calls_behind_it(
+    service: Service, db_url: str
+) -> None:
+    """With the default stall release: one write slot, held by a complete waiting for a row lock; new
+    claims still go through (after at most STALL_SECONDS) while the lock is held."""
+    batcher = batcher_of(service.app.state.pools.runtime)
+    assert batcher is not None and batcher.limit == 1
+    async with service.client() as client:
+        token = await submitted(client, "op-held")
+        conn, tx = await hold_row(db_url, "op-held")
+        try:
+            body = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+            held = asyncio.ensure_future(call(client, "op-held", "complete", body))
+            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+            codes = [(await claim(client, f"free-{i}")).status_code for i in range(5)]
+            assert codes == [201] * 5
+            assert not held.done()
+        finally:
+            await tx.rollback()
+            await conn.close()
+        assert (await held).status_code == 200

@@ -10,9 +10,15 @@ so two batches never wait for each other's rows in opposite orders.
 
 Per-command isolation: the functions answer every expected outcome as a value, so a batch fails only
 on an unexpected error (a value PostgreSQL cannot store, a deadlock, a timeout). The failed
-statement rolled back every command of it; each is then run again alone, in its own transaction, on
-the same connection, and gets its own answer or error. A lost connection fails every command of the
-batch (each caller's 503), as it would have failed each alone.
+statement rolled back every command of it; each is then run again alone, side by side on their own
+connections and outside the in-flight bound, and answered as soon as it is done. A lost connection
+fails every command of the batch (each caller's 503), as it would have failed each alone.
+
+Locks: a batch statement sets its own `lock_timeout` (BATCH_LOCK_TIMEOUT, 50 ms) before its first
+call, so one command behind a held row lock fails the batch quickly instead of holding the others;
+alone, that command then waits with the connection's own lock_timeout. A statement in flight longer
+than STALL_SECONDS (0.1 s) gives its place to the calls queued behind it, and a queued call waits to
+be sent at most the pool's acquire timeout (then 503, as a pool wait would).
 
 Admission (pools.Admission) still sees every call: a call is admitted (or shed) when it arrives,
 waits as a queued request until its statement starts, and leaves when its answer is in. On Citus the
@@ -40,6 +46,13 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InterfaceError,
     asyncpg.exceptions.InternalClientError,
 )
+
+# A statement in flight longer than this gives its place to the calls queued behind it.
+STALL_SECONDS = 0.1
+# A batch statement waits at most this long for a row lock (the batch's own `lock_timeout`, set by the
+# statement itself): one command behind a held lock must not hold up the others; the failed batch's
+# commands then run alone, each with the connection's own lock_timeout.
+BATCH_LOCK_TIMEOUT = "50ms"
 
 # The write-path statements that have a batch form in the catalogue (`<name>_batch`).
 BATCHED = frozenset({"run_claim", "run_submit", "run_heartbeat", "run_complete"})
@@ -88,6 +101,11 @@ class WriteBatcher:
             self._waiting.append(command)
             self._start()
             try:
+                # waiting to be sent is waiting for a connection: bounded like the pool's acquire
+                done, _ = await asyncio.wait({command.future}, timeout=self.acquire_timeout)
+                if not done and not command.taken:
+                    self._waiting.remove(command)
+                    raise TimeoutError("no write slot within the acquire timeout")
                 return await asyncio.shield(command.future)
             except asyncio.CancelledError:
                 if not command.taken:  # never sent: it leaves the queue and nothing was written
@@ -130,55 +148,79 @@ class WriteBatcher:
         return batch
 
     async def _send(self, batch: list[_Command]) -> None:
+        slot = _Slot(self)
+        stalled = asyncio.get_running_loop().call_later(STALL_SECONDS, slot.release)
         cancelled: asyncio.CancelledError | None = None
+        answers: list[Any]
         try:
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-                answers = await self._execute(conn, batch)
+            answers = await self._execute(batch, slot)
         except asyncio.CancelledError as exc:  # the service is stopping: the callers hear it too
             cancelled = exc
             answers = [exc] * len(batch)
         except Exception as exc:  # every caller gets the failure (its 503)
             answers = [exc] * len(batch)
         finally:
-            self._inflight -= 1
-            self._start()
-        self._answer(batch, answers)
+            stalled.cancel()
+            slot.release()
+        for command, answer in zip(batch, answers, strict=True):
+            _answer(command, answer)
         if cancelled is not None:
             raise cancelled
 
-    @staticmethod
-    def _answer(batch: Sequence[_Command], answers: Sequence[Any]) -> None:
-        for command, answer in zip(batch, answers, strict=True):
-            if command.future.done():
-                continue
-            if isinstance(answer, BaseException):
-                command.future.set_exception(answer)
-            else:
-                command.future.set_result(answer)
-
-    async def _execute(self, conn: asyncpg.Connection, batch: Sequence[_Command]) -> list[Any]:
+    async def _execute(self, batch: Sequence[_Command], slot: _Slot) -> list[Any]:
         self.counts.statements += 1
         self.counts.commands += len(batch)
-        if len(batch) == 1:
-            return [await conn.fetchrow(sql(batch[0].query), *batch[0].args)]
-        # the fixed lock order: by tenant, then operation ID (stable: one ID's calls keep their order)
-        order = sorted(range(len(batch)), key=lambda k: (batch[k].args[0], batch[k].args[1]))
-        columns = [list(column) for column in zip(*(batch[k].args for k in order), strict=True)]
+        async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            if len(batch) == 1:
+                return [await conn.fetchrow(sql(batch[0].query), *batch[0].args)]
+            # the fixed lock order: by tenant, then operation ID (stable: one ID's calls keep their order)
+            order = sorted(range(len(batch)), key=lambda k: (batch[k].args[0], batch[k].args[1]))
+            columns = [list(column) for column in zip(*(batch[k].args for k in order), strict=True)]
+            try:
+                rows = await conn.fetch(sql(batch[0].query + "_batch"), BATCH_LOCK_TIMEOUT, order, *columns)
+            except CONNECTION_LOST:
+                raise
+            except Exception:  # rolled back whole: each command again, alone, below
+                self.counts.fallbacks += 1
+            else:
+                by_command = {row["i"]: row for row in rows}
+                return [by_command[k] for k in range(len(batch))]
+        # Alone and side by side, each on its own connection and outside the in-flight bound (these are
+        # retries), each answered as soon as it is done: a command that waits for a row lock waits
+        # alone, the others answer at once.
+        slot.release()
+        return list(await asyncio.gather(*(self._alone(command) for command in batch)))
+
+    async def _alone(self, command: _Command) -> Any:
         try:
-            rows = await conn.fetch(sql(batch[0].query + "_batch"), order, *columns)
-        except CONNECTION_LOST:
-            raise
-        except Exception:  # rolled back whole; each command again, alone
-            self.counts.fallbacks += 1
-            return [await _alone(conn, command) for command in batch]
-        by_command = {row["i"]: row for row in rows}
-        return [by_command[k] for k in range(len(batch))]
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                answer: Any = await conn.fetchrow(sql(command.query), *command.args)
+        except Exception as exc:  # this command's own failure (a lost connection too), for its caller
+            answer = exc
+        _answer(command, answer)
+        return answer
 
 
-async def _alone(conn: asyncpg.Connection, command: _Command) -> Any:
-    try:
-        return await conn.fetchrow(sql(command.query), *command.args)
-    except CONNECTION_LOST:
-        raise
-    except Exception as exc:  # this command's own failure, for its caller
-        return exc
+def _answer(command: _Command, answer: Any) -> None:
+    if command.future.done():
+        return
+    if isinstance(answer, BaseException):
+        command.future.set_exception(answer)
+    else:
+        command.future.set_result(answer)
+
+
+class _Slot:
+    """One in-flight statement's place in the bound, given back once: when it ends, when it has run
+    for STALL_SECONDS (a statement waiting for a lock must not hold back the calls queued behind it),
+    or when its batch failed and its commands go on alone."""
+
+    def __init__(self, batcher: WriteBatcher) -> None:
+        self.batcher = batcher
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.batcher._inflight -= 1
+            self.batcher._start()
