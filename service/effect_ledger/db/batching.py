@@ -65,6 +65,13 @@ class _Command:
     ticket: int | None  # its admission ticket, while it waits
     future: asyncio.Future[Any]
     taken: bool = False  # a statement carrying it has started
+    connected: bool = False  # that statement has its connection (the admission's wait is over)
+
+    def connect(self, admission: Any) -> None:
+        if not self.connected:
+            self.connected = True
+            if admission is not None:
+                admission.acquired(self.ticket)
 
 
 @dataclass
@@ -116,8 +123,7 @@ class WriteBatcher:
                 raise
         finally:
             if self.admission is not None:
-                if not command.taken:
-                    self.admission.acquired(ticket)
+                command.connect(self.admission)  # (never connected: its wait ends here)
                 self.admission.leave(tenant)
 
     def _start(self) -> None:
@@ -143,8 +149,6 @@ class WriteBatcher:
         self._waiting = kept
         for command in batch:
             command.taken = True
-            if self.admission is not None:
-                self.admission.acquired(command.ticket)
         return batch
 
     async def _send(self, batch: list[_Command]) -> None:
@@ -171,6 +175,8 @@ class WriteBatcher:
         self.counts.statements += 1
         self.counts.commands += len(batch)
         async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            for command in batch:
+                command.connect(self.admission)
             if len(batch) == 1:
                 return [await conn.fetchrow(sql(batch[0].query), *batch[0].args)]
             # the fixed lock order: by tenant, then operation ID (stable: one ID's calls keep their order)
