@@ -58,6 +58,16 @@ async def hold_row(db_url: str, op: str, tenant: str = "t1") -> tuple[asyncpg.Co
     return conn, tx
 
 
+def completing(client: httpx.AsyncClient, op: str, token: str) -> asyncio.Future[httpx.Response]:
+    """A complete (committed) sent now, answered later."""
+    body = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+    return asyncio.ensure_future(call(client, op, "complete", body))
+
+
+async def in_flight(batcher: WriteBatcher, what: str) -> None:
+    await until(lambda: batcher._inflight, what, holds=lambda k: k == 1)
+
+
 async def queued(batcher: WriteBatcher, n: int) -> None:
     await until(lambda: len(batcher._waiting), f"{n} calls waiting", holds=lambda k: k == n)
 
@@ -71,15 +81,8 @@ async def test_waiting_completes_go_together_and_a_failing_one_fails_alone(
         before = counted(batcher)
         conn, tx = await hold_row(db_url, "op-block")
         try:
-            blocked = asyncio.ensure_future(
-                call(
-                    client,
-                    "op-block",
-                    "complete",
-                    {"token": tokens["op-block"], "outcome": "committed", "receipt": RECEIPT},
-                )
-            )
-            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+            blocked = completing(client, "op-block", tokens["op-block"])
+            await in_flight(batcher, "the held complete in flight")
 
             def body(op: str) -> dict[str, Any]:
                 # U+0000 is valid JSON that jsonb cannot store: PostgreSQL refuses that one command
@@ -124,15 +127,8 @@ async def test_claims_of_two_tenants_in_one_batch_stay_apart(
         token = await submitted(client, "op-block")
         conn, tx = await hold_row(db_url, "op-block")
         try:
-            blocked = asyncio.ensure_future(
-                call(
-                    client,
-                    "op-block",
-                    "complete",
-                    {"token": token, "outcome": "committed", "receipt": RECEIPT},
-                )
-            )
-            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+            blocked = completing(client, "op-block", token)
+            await in_flight(batcher, "the held complete in flight")
             before = counted(batcher)  # the held complete's statement is counted already
             # the same IDs in both tenants, and each ID twice in t1: one grant, one in-progress answer
             sends = [("t1", f"same-{i}", "exec-1") for i in range(4)] + [
@@ -219,15 +215,14 @@ async def test_a_command_behind_a_held_row_lock_does_not_hold_up_its_batch(
         ops = ["op-gate", "op-held", *(f"op-{i}" for i in range(5))]
         tokens = {op: await submitted(client, op) for op in ops}
 
-        def done(op: str) -> Any:
-            body = {"token": tokens[op], "outcome": "committed", "receipt": RECEIPT}
-            return asyncio.ensure_future(call(client, op, "complete", body))
+        def done(op: str) -> asyncio.Future[httpx.Response]:
+            return completing(client, op, tokens[op])
 
         gate_conn, gate_tx = await hold_row(db_url, "op-gate")
         held_conn, held_tx = await hold_row(db_url, "op-held")
         try:
             gate = done("op-gate")
-            await until(lambda: batcher._inflight, "the gate's complete in flight", holds=lambda k: k == 1)
+            await in_flight(batcher, "the gate's complete in flight")
             before = counted(batcher)
             held = done("op-held")
             others = [done(f"op-{i}") for i in range(5)]
@@ -259,9 +254,8 @@ async def test_a_statement_stalled_on_a_lock_gives_its_place_to_the_calls_behind
         token = await submitted(client, "op-held")
         conn, tx = await hold_row(db_url, "op-held")
         try:
-            body = {"token": token, "outcome": "committed", "receipt": RECEIPT}
-            held = asyncio.ensure_future(call(client, "op-held", "complete", body))
-            await until(lambda: batcher._inflight, "the held complete in flight", holds=lambda k: k == 1)
+            held = completing(client, "op-held", token)
+            await in_flight(batcher, "the held complete in flight")
             codes = [(await claim(client, f"free-{i}")).status_code for i in range(5)]
             assert codes == [201] * 5
             assert not held.done()
