@@ -83,7 +83,7 @@ class BenchConfig:
 
     @classmethod
     def smoke(cls) -> BenchConfig:
-        """Tiny sizes: proves every row runs (0.3 s windows; pgbench rounds up to its 1 s), its figures mean nothing."""
+        """Tiny sizes: proves every row runs (0.3 s windows; pgbench's are 1 s), its figures mean nothing."""
         return cls(
             duration=0.3,
             warmup=0.0,
