@@ -22,11 +22,13 @@ import pytest
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
-from support import citus_cluster, early, prepare_packaging
+from support import citus_cluster, early, prepare_packaging, signatures
 from support.auth import TEST_SECRET
 from support.database import trade_durability_for_speed, with_database
 from support.databases import Databases, catalogue
 from support.server import Service
+
+signatures.install()  # each handler's signature parsed once per run, not once per test's app
 
 
 @pytest.fixture(scope="session")
