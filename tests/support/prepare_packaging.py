@@ -1,7 +1,7 @@
 """Every distribution's wheel, and one empty venv per install of tests/packaging, made in one child process.
 
 `python -m support.prepare_packaging DIR` (from tests/): builds the wheels (support.wheels.build_all),
-writes DIR/wheels.json, then makes each venv of INSTALLS side by side in DIR/venvs/<key>, leaving
+writes DIR/wheels.json, then makes each venv of INSTALLS, two at a time, in DIR/venvs/<key>, leaving
 DIR/venvs/<key>.done or DIR/venvs/<key>.error (the failure's text) for each. tests/conftest.py starts it
 when the run starts, niced (support/early.py); tests/packaging/test_distributions.py reads the result.
 """
@@ -80,7 +80,8 @@ def main(into: Path) -> None:
         json.dumps({name: [str(d.source), str(d.wheel)] for name, d in built.items()}), "utf-8"
     )
     (into / "venvs").mkdir()
-    with ThreadPoolExecutor(max_workers=len(INSTALLS)) as pool:
+    # two at a time: started with the run, it should take idle CPU and disk, not bursts of five pips
+    with ThreadPoolExecutor(max_workers=2) as pool:
         for _ in pool.map(lambda key: _install(into, built, key), INSTALLS):
             pass
 
