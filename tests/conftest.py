@@ -22,11 +22,13 @@ import pytest
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
-from support import citus_cluster
+from support import citus_cluster, early, prepare_packaging, signatures
 from support.auth import TEST_SECRET
 from support.database import trade_durability_for_speed, with_database
 from support.databases import Databases, catalogue
 from support.server import Service
+
+signatures.install()  # each handler's signature parsed once per run, not once per test's app
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +92,23 @@ async def databases(pg_admin_url: str, template_url: str, on_citus: bool) -> Asy
 
 
 _DATABASES: list[Databases] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected tests' child-process-only work now, niced, beside the other tests
+    (support/early.py): mypy, and the packaging module's wheels and venvs."""
+    if session.config.option.collectonly:
+        return
+    if any(item.name == "test_mypy_strict" for item in session.items):
+        early.start("mypy", early.MYPY, timeout=300)
+    if any(item.path.parent.name == "packaging" for item in session.items):
+        early.start("packaging", prepare_packaging.command(), cwd=early.ROOT / "tests", timeout=900)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop any early job a shortened run left behind, and remove the packaging module's venvs."""
+    early.stop_all()
+    prepare_packaging.remove()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

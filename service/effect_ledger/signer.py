@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import httpx
 
@@ -286,7 +286,9 @@ def state_path(settings: Settings) -> Path:
         return Path(settings.log_signer_state).expanduser()
     where = urlsplit(settings.database_url or "")
     hosts = where.netloc.rpartition("@")[2]  # host:port, or several of them (a failover URL)
-    identity = f"{hosts}{where.path}".encode()
+    # a socket directory (the embedded server's `?host=/tmp/…`) or port in the query names the server too
+    located = [f"{k}={v}" for k, v in parse_qsl(where.query) if k in ("host", "port", "hostaddr")]
+    identity = f"{hosts}{where.path}{'?' + '&'.join(located) if located else ''}".encode()
     return settings.data_path / "log-signer" / f"state-{hashlib.sha256(identity).hexdigest()[:16]}"
 
 

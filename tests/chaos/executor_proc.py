@@ -1,10 +1,11 @@
 """An executor as a process of its own (the paused-executor scenario stops and continues it).
 
-    python executor_proc.py BASE_URL SINK_URL NAME LEASE_SECONDS PAUSE_SECONDS OP_ID...
+    python executor_proc.py BASE_URL SINK_URL NAME LEASE_SECONDS PAUSE OP_ID...
 
 The token comes in EFFECT_LEDGER_CHAOS_TOKEN. It claims every operation, prints `ALL_CLAIMED`, waits
-PAUSE_SECONDS ("preparing the request": the window in which the test stops it), then for each
-operation submits, sends the effect to the sink and commits. One JSON line per operation says how it
+("preparing the request": the window in which the test stops it) PAUSE seconds, or with PAUSE `stdin`
+until a line arrives on its stdin (the test sends it once it has stopped and continued the process),
+then for each operation submits, sends the effect to the sink and commits. One JSON line per operation says how it
 ended; the sink is called only after a successful submit.
 """
 
@@ -22,7 +23,7 @@ from effect_ledger.client import LedgerClient, LedgerProblem, OperationInProgres
 TOOL, TOOL_VERSION = "chaos-sink", "1"
 
 
-async def run(base_url: str, sink_url: str, name: str, lease: int, pause: float, ids: list[str]) -> None:
+async def run(base_url: str, sink_url: str, name: str, lease: int, pause: str, ids: list[str]) -> None:
     claimed = 0
     go = asyncio.Event()
     retry = RetryPolicy(maximum_attempts=20, deadline_seconds=20.0)
@@ -47,7 +48,10 @@ async def run(base_url: str, sink_url: str, name: str, lease: int, pause: float,
                     claimed += 1
                     if claimed == len(ids):
                         print("ALL_CLAIMED", flush=True)
-                        await asyncio.sleep(pause)
+                        if pause == "stdin":
+                            await asyncio.to_thread(sys.stdin.readline)
+                        else:
+                            await asyncio.sleep(float(pause))
                         go.set()
                     await go.wait()
                     await effect.submitted(effect_ref=f"{name}:{operation_id}")
@@ -74,4 +78,4 @@ async def run(base_url: str, sink_url: str, name: str, lease: int, pause: float,
 
 if __name__ == "__main__":
     base, sink_url, executor_name, lease_seconds, pause_seconds, *operation_ids = sys.argv[1:]
-    asyncio.run(run(base, sink_url, executor_name, int(lease_seconds), float(pause_seconds), operation_ids))
+    asyncio.run(run(base, sink_url, executor_name, int(lease_seconds), pause_seconds, operation_ids))

@@ -67,6 +67,7 @@ from support.replication import (
 )
 from support.serve_process import effect_ledger_command
 from support.server import Service
+from support.waiting import until
 from support.workload import ledger_client, reconcile, run_executors
 
 pytestmark = [pytest.mark.chaos, timeout(150, 900)]
@@ -109,6 +110,27 @@ async def sweeper_sweeps(service: Service, node: Node, operation_id: str, within
     finally:
         await conn.close()
     raise AssertionError(f"the background sweep did not sweep {operation_id} within {within} s")
+
+
+async def every_worker_started(node: Node, workers: int) -> None:
+    """Wait until each `serve` worker has finished its start-up on `node`: /readyz answers from the first
+    one up, while another may still be starting. Each worker opens its own pools, then, last of its
+    start-up steps that reach the database, one owner connection each for the receipts log's integrator
+    and checkpointer (`effect-ledger-maintenance`, held while it serves). Without this wait the primary
+    could be killed while a worker was still opening its pools: that worker's start-up fails, it exits,
+    and granian stops the whole server (its port then refuses: the 1-in-6 failure this replaces)."""
+    conn = await node.owner()
+    try:
+        await until(
+            lambda: conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'effect-ledger-maintenance'"
+            ),
+            f"{workers} workers' receipts-log connections",
+            holds=lambda n: n >= 2 * workers,
+            within=60,
+        )
+    finally:
+        await conn.close()
 
 
 async def ready(service: Service) -> httpx.Response:
@@ -296,6 +318,7 @@ async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_t
                 ServiceProcess(url, workers=2, pool_acquire_timeout_ms=1000) as served,
                 httpx.AsyncClient(base_url=served.base_url, headers=headers, timeout=10) as http,
             ):
+                await every_worker_started(primary, workers=2)
                 assert (await http.post("/v1/operations/cli-0/claim", json=body)).status_code == 201
                 before = (await http.get("/readyz")).json()["checks"]
                 primary.kill9()

@@ -27,13 +27,14 @@ LEASE_SECONDS = 1
 SCRIPT = Path(__file__).with_name("executor_proc.py")
 
 
-def _spawn(base_url: str, sink_url: str, name: str, pause: float, ids: list[str]) -> subprocess.Popen[str]:
+def _spawn(base_url: str, sink_url: str, name: str, pause: str, ids: list[str]) -> subprocess.Popen[str]:
     env = {
         "EFFECT_LEDGER_CHAOS_TOKEN": token("t1", "exec-1", "ledger:execute", ttl=3600),
         "PATH": "/usr/bin:/bin",
     }
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), base_url, sink_url, name, str(LEASE_SECONDS), str(pause), *ids],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -47,8 +48,9 @@ async def _wait_for_line(process: subprocess.Popen[str], wanted: str, seconds: f
     assert line.strip() == wanted, f"executor said {line!r}"
 
 
-async def _results(process: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    out, err = await asyncio.to_thread(process.communicate, timeout=60)
+async def _results(process: subprocess.Popen[str], line: str = "") -> list[dict[str, Any]]:
+    """Its JSON lines, once it exited (`line` goes to its stdin first; closing stdin lets it go on too)."""
+    out, err = await asyncio.to_thread(process.communicate, line, timeout=60)
     assert process.returncode == 0, err
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
@@ -61,18 +63,18 @@ async def test_paused_executor_is_fenced_off(request: pytest.FixtureRequest, db_
         async with Sink() as sink, Service(settings) as service:
             for round_number in range(ROUNDS):
                 ids = [f"pause-{round_number}-{n}" for n in range(OPERATIONS_PER_ROUND)]
-                # it waits 3 s before submitting: ample time to stop it first, free once it is stopped
-                first = _spawn(service.base_url, sink.url, "stopped", 3.0, ids)
+                # it waits for a line on stdin before submitting: stopped, continued, then told to go on
+                first = _spawn(service.base_url, sink.url, "stopped", "stdin", ids)
                 await _wait_for_line(first, "ALL_CLAIMED", 60)
                 first.send_signal(signal.SIGSTOP)
                 figures.faults += 1
                 try:
                     await asyncio.sleep(LEASE_SECONDS + 0.3)  # every lease of the stopped executor runs out
-                    second = _spawn(service.base_url, sink.url, "second", 0.0, ids)
+                    second = _spawn(service.base_url, sink.url, "second", "0", ids)
                     finished += await _results(second)
                 finally:
                     first.send_signal(signal.SIGCONT)
-                paused += await _results(first)
+                paused += await _results(first, "go\n")
             state = await read_state(db_url)
         figures.operations = ROUNDS * OPERATIONS_PER_ROUND
         outcomes = Counter(f"paused_{r['outcome']}" for r in paused)

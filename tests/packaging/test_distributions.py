@@ -2,8 +2,9 @@
 
 The server with and without `[embedded]` (each serves and takes one claim from the installed client;
 migrate, sweep and purge run from each), the client alone (none of the server's dependencies), the
-bench, and the MCP gateway alone. One wheel set and one venv per install serve the whole module; the
-installs run side by side.
+bench, and the MCP gateway alone. One wheel set and one venv per install (support/prepare_packaging.py's
+INSTALLS) serve the whole module; the installs run side by side, in a child process that tests/conftest.py
+starts when the run starts (support/early.py).
 """
 
 from __future__ import annotations
@@ -11,30 +12,21 @@ from __future__ import annotations
 import os
 import subprocess
 import tomllib
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from support import early, prepare_packaging
 from support.auth import token
 from support.database import with_database
+from support.prepare_packaging import BENCH, CLIENT, GATEWAY, SERVER
 from support.serve_process import kill_quietly, serve_env, start_serve
-from support.wheels import ROOT, SERVER_ONLY, Distribution, build_all, importable, install, normalise, sources
+from support.wheels import ROOT, SERVER_ONLY, Distribution, importable, normalise, sources
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SERVER, CLIENT, BENCH = "effect-ledger", "effect-ledger-client", "effect-ledger-bench"
-GATEWAY = "effect-ledger-mcp"
-# (distribution, extras) of each venv the tests below use.
-INSTALLS = {
-    "server": (SERVER, ""),
-    "server-embedded": (SERVER, "[embedded]"),
-    "client": (CLIENT, ""),
-    "bench": (BENCH, ""),
-    "effect-ledger-mcp": (GATEWAY, ""),
-}
 NO_DATABASE = (
     "no EFFECT_LEDGER_DATABASE_URL is set and the embedded PostgreSQL is not installed:"
     " pip install 'effect-ledger[embedded]', or set EFFECT_LEDGER_DATABASE_URL"
@@ -54,33 +46,35 @@ asyncio.run(main())
 
 
 class Venvs:
-    """The module's installs, made in parallel; `bin(key)` waits for one."""
+    """The module's installs, made side by side in one child process (started when the run starts)."""
 
-    def __init__(self, futures: dict[str, Future[Path]]) -> None:
-        self.futures = futures
+    def __init__(self, into: Path) -> None:
+        self.into = into
 
     def bin(self, key: str) -> Path:
         """The bin/ directory of a finished install."""
-        return self.futures[key].result(timeout=800)
+        return prepare_packaging.venv(self.into, key)
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Distribution]:
-    """Every distribution's wheel, built once for the module."""
-    return build_all(tmp_path_factory.mktemp("distributions"))
+def prepared() -> Path:
+    """Every distribution's wheel and every venv of INSTALLS, made once for the run (support/early.py:
+    started at the run's start, niced; or now)."""
+    done = early.finished("packaging", prepare_packaging.command(), cwd=ROOT / "tests", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return prepare_packaging.directory()
 
 
 @pytest.fixture(scope="module")
-def venvs(wheels: dict[str, Distribution], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venvs]:
+def wheels(prepared: Path) -> dict[str, Distribution]:
+    """Every distribution's wheel, built once."""
+    return prepare_packaging.wheels(prepared)
+
+
+@pytest.fixture(scope="module")
+def venvs(prepared: Path) -> Venvs:
     """One empty venv per entry of INSTALLS, each with that one distribution installed."""
-    root = tmp_path_factory.mktemp("venvs")
-    with ThreadPoolExecutor(max_workers=len(INSTALLS)) as pool:
-        yield Venvs(
-            {
-                key: pool.submit(install, root / key, wheels, name, extras)
-                for key, (name, extras) in INSTALLS.items()
-            }
-        )
+    return Venvs(prepared)
 
 
 def _run(bin_dir: Path, *command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support import early
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -30,6 +32,6 @@ def test_ruff_format() -> None:
 
 @pytest.mark.timeout(300)
 def test_mypy_strict() -> None:
-    run = _run("mypy")  # strict, on service/ (pyproject.toml [tool.mypy])
+    run = early.finished("mypy", early.MYPY, timeout=300)  # started with the run, niced (support/early.py)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert run.stdout.startswith("Success: no issues found")

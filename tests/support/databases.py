@@ -147,6 +147,23 @@ class Databases:
         self.clean: str | None = None  # the name of an emptied database that matches the template
         self.clones = 0
         self.reuses = 0
+        self._admin: asyncpg.Connection | None = None  # one owner connection for the run's DDL
+
+    async def ddl(self, statement: str) -> None:
+        """Run one statement on the owner connection that renames, clones and drops: opened once, and
+        opened again when it broke (a test that terminated every backend of the server)."""
+        for attempt in (1, 2):
+            if self._admin is None or self._admin.is_closed():
+                self._admin = await asyncpg.connect(self.admin_url)
+            try:
+                await self._admin.execute(statement)
+                return
+            except (asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, OSError):
+                if self._admin is not None:
+                    self._admin.terminate()
+                self._admin = None
+                if attempt == 2:
+                    raise
 
     async def take(self) -> str:
         """A clean database's URL (the caller gives it back with `give_back`)."""
@@ -163,21 +180,13 @@ class Databases:
         by its name (the receipts log's signer state, DATA_DIR/log-signer/state-<host, port, name>)
         never takes the next test's empty database for a restored, older copy (API.md section 14)."""
         fresh = f"el_test_{os.getpid()}_{next(self.counter)}"
-        admin = await asyncpg.connect(self.admin_url)
-        try:
-            await admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{fresh}"')
-        finally:
-            await admin.close()
+        await self.ddl(f'ALTER DATABASE "{name}" RENAME TO "{fresh}"')
         return fresh
 
     async def clone(self) -> str:
         """A new database cloned from the template."""
         name = f"el_test_{os.getpid()}_{next(self.counter)}"
-        admin = await asyncpg.connect(self.admin_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
-        finally:
-            await admin.close()
+        await self.ddl(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
         self.clones += 1
         return name
 
@@ -217,14 +226,13 @@ class Databases:
             await conn.close()
 
     async def drop(self, name: str) -> None:
-        admin = await asyncpg.connect(self.admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await self.ddl(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     async def close(self) -> None:
-        """Drop the clean database kept for a next test."""
+        """Drop the clean database kept for a next test, and close the owner connection."""
         if self.clean is not None:
             await self.drop(self.clean)
             self.clean = None
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
