@@ -1215,7 +1215,7 @@ CREATE UNIQUE INDEX approvals_live_binding ON ledger.approvals USING btree (tena
 
 CREATE INDEX approvals_stored_intent ON ledger.approvals USING btree (expires_at) WHERE (intent IS NOT NULL);
 
-CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id) WHERE (status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text]));
+CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id) WHERE ((status = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])) AND (created_at IS NOT NULL));
 
 CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE ((status = 'committed'::text) AND (feed_position IS NOT NULL));
 

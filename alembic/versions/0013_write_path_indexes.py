@@ -12,8 +12,9 @@ Now no other index can serve those lookups at all:
 - `operations_by_created` goes; the unfiltered reconciler list is one ordered branch per status of
   `operations_by_status`, merged (`list_operations`), and every transition inserts one index entry
   fewer;
-- `operations_by_status` becomes partial, on a predicate every row satisfies (the status CHECK): a
-  query can use it only by naming the predicate, which the listing queries do and the lookups do not.
+- `operations_by_status` becomes partial, on a predicate every row satisfies (the status CHECK's set
+  and `created_at IS NOT NULL`): a query can use it only by implying the predicate — a status and a
+  bound on `created_at`, as the listing queries have and no lookup by ID has.
 
 Revision ID: 0013
 Revises: 0012
@@ -30,10 +31,12 @@ depends_on = None
 INDEXES = r"""
 DROP INDEX ledger.operations_by_created;
 DROP INDEX ledger.operations_by_status;
--- The reconciler lists by status (and, one branch per status, without one). Partial on the status
--- CHECK's own set, so only a query that states it (the lists) can use it: never the write path.
+-- The reconciler lists by status (and, one branch per status, without one). Partial on a predicate
+-- every row satisfies (the status CHECK's set; created_at is NOT NULL), so only a query that implies
+-- it can use it: the lists (a status, and a bound on created_at), never a lookup by ID, even one that
+-- names a status.
 CREATE INDEX operations_by_status ON ledger.operations (tenant_id, status, created_at, operation_id)
-    WHERE status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown');
+    WHERE status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown') AND created_at IS NOT NULL;
 """
 
 

@@ -242,7 +242,7 @@ LIMIT $7;
 SELECT o.*, $6::timestamptz AS db_now
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = $8
-  AND o.status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')  -- operations_by_status's predicate
+  AND o.status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')  -- operations_by_status's predicate (with the created_at bound)
   AND o.created_at >= $2 AND (o.created_at > $2 OR o.operation_id > $3)
   AND ($4::text IS NULL OR o.tool = $4)
   AND ($5::timestamptz IS NULL OR o.updated_at < $5)
