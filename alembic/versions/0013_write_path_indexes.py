@@ -28,21 +28,25 @@ down_revision = "0012"
 branch_labels = None
 depends_on = None
 
-INDEXES = r"""
-DROP INDEX ledger.operations_by_created;
-DROP INDEX ledger.operations_by_status;
--- The reconciler lists by status (and, one branch per status, without one). Partial on a predicate
--- every row satisfies (the status CHECK's set; created_at is NOT NULL), so only a query that implies
--- it can use it: the lists (a status, and a bound on created_at), never a lookup by ID, even one that
--- names a status.
-CREATE INDEX operations_by_status ON ledger.operations (tenant_id, status, created_at, operation_id)
-    WHERE status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown') AND created_at IS NOT NULL;
-"""
+# One statement per call: Citus forwards a DROP INDEX of a distributed table to the workers as the
+# query string it was given, and a worker refuses a string of several commands.
+INDEXES = (
+    "DROP INDEX ledger.operations_by_created",
+    "DROP INDEX ledger.operations_by_status",
+    # The reconciler lists by status (and, one branch per status, without one). Partial on a predicate
+    # every row satisfies (the status CHECK's set; created_at is NOT NULL), so only a query that
+    # implies it can use it: the lists (a status, and a bound on created_at), never a lookup by ID,
+    # even one that names a status.
+    """CREATE INDEX operations_by_status ON ledger.operations (tenant_id, status, created_at, operation_id)
+    WHERE status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')
+      AND created_at IS NOT NULL""",
+)
 
 
 def upgrade() -> None:
     """Drop operations_by_created; operations_by_status partial on the status set."""
-    execute_script(INDEXES)
+    for statement in INDEXES:
+        execute_script(statement)
 
 
 def downgrade() -> None:

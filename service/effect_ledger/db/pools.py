@@ -394,7 +394,9 @@ async def run_write(
     batcher = _BATCHERS.get(id(pool))
     if batcher is None:
         return await run_statement(pool, args[0], acquire_timeout, phase, sql(query), *args)
-    with tracing.database_span(phase), translated(phase):
+    with tracing.database_span(phase) as span, translated(phase):
+        if batcher.admission is not None:
+            tracing.set_attributes(span, {"effect_ledger.db.pool": batcher.admission.name})
         async with _following(pool):
             row: asyncpg.Record | None = await batcher.run(query, args)
             return row
