@@ -36,16 +36,12 @@ from typing import Any
 
 import asyncpg
 
+from effect_ledger.db import failover
 from effect_ledger.db.catalogue import sql
 
-# Failures of the connection itself: every command of the batch fails with it (none is retried here).
-CONNECTION_LOST: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-)
+# Failures of the connection or its server (failover.SERVER_LOST, and a timeout): every command of the
+# batch fails with it; running them again alone on the same server would only fail again.
+CONNECTION_LOST: tuple[type[BaseException], ...] = (*failover.SERVER_LOST, TimeoutError)
 
 # A statement in flight longer than this gives its place to the calls queued behind it.
 STALL_SECONDS = 0.1
