@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -94,21 +95,41 @@ async def databases(pg_admin_url: str, template_url: str, on_citus: bool) -> Asy
 _DATABASES: list[Databases] = []
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's directory (support/early.py), made before xdist starts its workers, who inherit it."""
+    if not hasattr(config, "workerinput"):
+        early.open_run()
+
+
+def _start_early(node_ids: list[str]) -> None:
     """Start the selected tests' child-process-only work now, niced, beside the other tests
-    (support/early.py): mypy, and the packaging module's wheels and venvs."""
-    if session.config.option.collectonly:
+    (support/early.py): mypy, and the packaging module's wheels and venvs. Once per run."""
+    files = {Path(node_id.split("::", 1)[0]) for node_id in node_ids}
+    if any(node_id.endswith("::test_mypy_strict") for node_id in node_ids):
+        early.start("mypy", early.MYPY)
+    if any(path.parent.name == "packaging" for path in files):
+        early.start("packaging", prepare_packaging.command(), cwd=early.ROOT / "tests")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Without xdist, this process runs the tests: it starts the early work itself."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
-    if any(item.name == "test_mypy_strict" for item in session.items):
-        early.start("mypy", early.MYPY, timeout=300)
-    if any(item.path.parent.name == "packaging" for item in session.items):
-        early.start("packaging", prepare_packaging.command(), cwd=early.ROOT / "tests", timeout=900)
+    _start_early([item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under xdist, the controller starts the early work once, when the first worker has collected
+    (every worker collects the same tests); the worker that runs the test waits for it."""
+    _start_early(ids)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop any early job a shortened run left behind, and remove the packaging module's venvs."""
-    early.stop_all()
-    prepare_packaging.remove()
+    """The process that made the run's directory stops any early job a shortened run left behind and
+    removes the directory (the packaging module's wheels and venvs with it)."""
+    if not hasattr(session.config, "workerinput"):
+        early.close_run()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -9,14 +9,13 @@ when the run starts, niced (support/early.py); tests/packaging/test_distribution
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from support import early
 from support.wheels import Distribution, build_all, install
 
 SERVER, CLIENT, BENCH = "effect-ledger", "effect-ledger-client", "effect-ledger-bench"
@@ -38,21 +37,14 @@ INSTALLS = {
     "bench": (BENCH, ""),
     "effect-ledger-mcp": (GATEWAY, ""),
 }
-_DIR: list[Path] = []
 
 
 def directory() -> Path:
-    """Where this test process's wheels and venvs go (one directory per pytest process)."""
-    if not _DIR:
-        _DIR.append(Path(tempfile.mkdtemp(prefix="effect-ledger-packaging-")))
-    return _DIR[0]
-
-
-def remove() -> None:
-    """Remove `directory()` if this process made one."""
-    for made in _DIR:
-        shutil.rmtree(made, ignore_errors=True)
-    _DIR.clear()
+    """Where the run's wheels and venvs go: one directory per run, shared by xdist's workers (and
+    removed with the run's directory: support/early.py)."""
+    made = early.open_run() / "packaging"
+    made.mkdir(exist_ok=True)
+    return made
 
 
 def command() -> list[str]:
