@@ -16,6 +16,11 @@ def signer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen-port", dest="signer_port", type=int, default=7380, help="port to listen on")
     parser.add_argument("--key", dest="key_file", help="the Ed25519 key file (LOG_SIGNER_KEY)")
     parser.add_argument("--state", dest="state_dir", help="the signer's state directory (LOG_SIGNER_STATE)")
+    parser.add_argument(
+        "--token-file",
+        dest="signer_token_file",
+        help="the secret shared with the service (LOG_SIGNER_TOKEN_FILE); needed to listen beyond loopback",
+    )
     parser.add_argument("--generate-key", action="store_true", help="create the key file if absent")
     parser.add_argument("--init", action="store_true", help="only create the key file (if absent), then exit")
     parser.add_argument(
@@ -29,6 +34,7 @@ def signer_command(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the signer on a local address: the key and the state stay on this host, never in the
     database. It signs a checkpoint only with a valid consistency proof from its last signed one."""
     from effect_ledger.domain.note import unb64
+    from effect_ledger.settings import read_token
     from effect_ledger.signer import FileSigner, create_key, key_path, serve_signer, state_path
 
     key = Path(args.key_file) if args.key_file else key_path(settings)
@@ -49,7 +55,13 @@ def signer_command(args: argparse.Namespace, settings: Settings) -> int:
         signer.accept_loss(args.accept_loss, args.size, unb64(args.root))
         print(json.dumps({"accepted_loss": args.accept_loss, "size": args.size}))
         return 0
-    server = serve_signer(signer, args.signer_host, args.signer_port)
+    token_file = args.signer_token_file or settings.log_signer_token_file
+    try:
+        token = read_token(token_file) if token_file else None
+        server = serve_signer(signer, args.signer_host, args.signer_port, token)
+    except (OSError, ValueError) as refused:
+        print(f"log-signer: {refused}", file=sys.stderr)
+        return 2
     print(
         json.dumps({"log_signer": f"http://{args.signer_host}:{server.server_port}", "prefix": signer.prefix})
     )

@@ -18,6 +18,18 @@ from urllib.parse import urlsplit, urlunsplit
 PREFIX = "EFFECT_LEDGER_"
 
 
+MIN_TOKEN_CHARS = 32
+
+
+def read_token(path: str | Path) -> str:
+    """The shared secret of a token file such as LOG_SIGNER_TOKEN_FILE (its content, stripped);
+    ValueError, naming the file but never its content, when shorter than MIN_TOKEN_CHARS."""
+    token = Path(path).expanduser().read_text("utf-8").strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"the token in {path} is shorter than {MIN_TOKEN_CHARS} characters")
+    return token
+
+
 class SettingsError(ValueError):
     """One or more settings have bad values; each problem names its variable and what it must be."""
 
@@ -226,6 +238,12 @@ class Settings:
         "URL of an `effect-ledger log-signer` (its own process, holding the key); absent: the signer "
         "runs inside `serve` with `LOG_SIGNER_KEY` and `LOG_SIGNER_STATE`",
     )
+    log_signer_token_file: str | None = setting(
+        None,
+        "file holding the secret the service and `effect-ledger log-signer` share (at least 32 "
+        "characters): the signer answers only requests that carry it as a bearer token; without it the "
+        "signer listens on a loopback address only",
+    )
     log_signer_key: str | None = setting(
         None,
         "the in-process signer's Ed25519 key file (`PRIVATE+KEY+…`, Go note format); absent: "
@@ -318,6 +336,11 @@ class Settings:
                 parse_policy(self.approval_policy)
             except PolicyError as bad:
                 raise SettingsError([f"{PREFIX}APPROVAL_POLICY: {bad}"]) from None
+        if self.log_signer_token_file is not None:
+            try:
+                read_token(self.log_signer_token_file)
+            except (OSError, ValueError) as bad:  # the file's name, never its content
+                raise SettingsError([f"{PREFIX}LOG_SIGNER_TOKEN_FILE: {bad}"]) from None
         if self.tombstone_days < self.retention_days:
             raise SettingsError(
                 [

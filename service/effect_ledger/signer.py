@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import hashlib
+import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -36,7 +38,7 @@ from effect_ledger.domain.note import (
     sign_note,
     unb64,
 )
-from effect_ledger.settings import Settings
+from effect_ledger.settings import Settings, read_token
 
 STATE_FILE = "state.json"
 
@@ -185,15 +187,21 @@ class LocalSigner:
 
 
 class RemoteSigner:
-    """The service's client of an `effect-ledger log-signer` process."""
+    """The service's client of an `effect-ledger log-signer` process (with the shared token, when
+    configured, as a bearer token on every request)."""
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
+        async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
             response = await client.request(method, self.url + path, **kwargs)
+        if response.status_code == 401:
+            raise SignRefused(
+                "unauthorized", "the log signer refused this service's token (LOG_SIGNER_TOKEN_FILE)"
+            )
         if response.status_code == 409:
             body = response.json()
             raise SignRefused(str(body.get("reason")), str(body.get("detail")))
@@ -217,11 +225,25 @@ class RemoteSigner:
         )
 
 
-def serve_signer(signer: FileSigner, host: str, port: int) -> ThreadingHTTPServer:
-    """The signer's HTTP interface (bind it to a local address only): GET /v1/state, GET /v1/key?origin=,
-    POST /v1/sign {origin, size, root, proof}. A refusal is 409 {reason, detail}."""
+def serve_signer(signer: FileSigner, host: str, port: int, token: str | None = None) -> ThreadingHTTPServer:
+    """The signer's HTTP interface: GET /v1/state, GET /v1/key?origin=, POST /v1/sign {origin, size,
+    root, proof}. A refusal is 409 {reason, detail}. With `token`, every request must carry it as a
+    bearer token (else 401 {reason: unauthorized}, compared in constant time); without one, only a
+    loopback `host` is allowed (ValueError)."""
+    if token is None and not _loopback(host):
+        raise ValueError(f"listening on {host} needs a token (LOG_SIGNER_TOKEN_FILE / --token-file)")
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
+        def _authorized(self) -> bool:
+            if expected is None:
+                return True
+            given = (self.headers.get("Authorization") or "").encode("latin-1", "replace")
+            if hmac.compare_digest(given, expected):
+                return True
+            self._send(401, {"reason": "unauthorized"})
+            return False
+
         def _send(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -234,6 +256,8 @@ def serve_signer(signer: FileSigner, host: str, port: int) -> ThreadingHTTPServe
             return
 
         def do_GET(self) -> None:
+            if not self._authorized():
+                return
             url = urlsplit(self.path)
             try:
                 if url.path == "/v1/state":
@@ -248,6 +272,8 @@ def serve_signer(signer: FileSigner, host: str, port: int) -> ThreadingHTTPServe
                 self._send(409, {"reason": refused.reason, "detail": refused.detail})
 
         def do_POST(self) -> None:
+            if not self._authorized():
+                return
             if urlsplit(self.path).path != "/v1/sign":
                 self._send(404, {"reason": "not_found"})
                 return
@@ -265,6 +291,13 @@ def serve_signer(signer: FileSigner, host: str, port: int) -> ThreadingHTTPServe
                 self._send(400, {"reason": "malformed"})
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def key_path(settings: Settings) -> Path:
@@ -296,7 +329,8 @@ def signer_from_settings(settings: Settings) -> LogSigner:
     """A remote signer at LOG_SIGNER_URL, or the in-process one (its key created in DATA_DIR on first
     use when no LOG_SIGNER_KEY is configured: the embedded mode)."""
     if settings.log_signer_url:
-        return RemoteSigner(settings.log_signer_url)
+        token = read_token(settings.log_signer_token_file) if settings.log_signer_token_file else None
+        return RemoteSigner(settings.log_signer_url, token=token)
     path = key_path(settings)
     if not settings.log_signer_key:
         create_key(path, settings.log_origin)

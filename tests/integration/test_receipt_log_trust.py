@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -30,7 +32,8 @@ import pytest
 from effect_ledger.domain import tiles
 from effect_ledger.domain.note import parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
-from effect_ledger.settings import Settings
+from effect_ledger.settings import Settings, SettingsError
+from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
 from support.ledger import AUDITOR, CLAIM, claim, committed, get
 from support.server import Service, free_port
 from support.waiting import until
@@ -300,6 +303,8 @@ def process(*args: str, env: dict[str, str]) -> Iterator[dict[str, str]]:
 async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settings, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
     key = tmp_path / "signer" / "key"
+    token = tmp_path / "signer-token"
+    token.write_text(secrets.token_hex(32) + "\n")
     signer_port, witness_port = free_port(), free_port()
     signer_args = (
         "log-signer",
@@ -308,18 +313,26 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
         str(key),
         "--state",
         str(tmp_path / "signer-state"),
+        "--token-file",
+        str(token),
     )
     with process(*signer_args, "--listen-port", str(signer_port), env=env) as started:
         assert started["prefix"] == "effect-ledger.local"
-        vkey = json.loads(
-            cli("log-key", "--tenant", "t1", "--log-signer-url", started["log_signer"], env=env).stdout
-        )
+        url = started["log_signer"]
+        async with httpx.AsyncClient() as anonymous:  # nothing without the shared token
+            assert (await anonymous.get(f"{url}/v1/state")).status_code == 401
+        tokened = ("--log-signer-url", url, "--log-signer-token-file", str(token))
+        vkey = json.loads(cli("log-key", "--tenant", "t1", *tokened, env=env).stdout)
         assert vkey["origin"] == "effect-ledger.local/t1"
         witness_args = ("witness", "--port", str(witness_port), "--state", str(tmp_path / "witness"))
         with process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey["vkey"], env=env) as w:
             witnesses = json.dumps([{"url": w["witness"], "vkey": w["vkey"]}])
             remote = log_settings(
-                settings, tmp_path, log_signer_url=started["log_signer"], log_witnesses=witnesses
+                settings,
+                tmp_path,
+                log_signer_url=url,
+                log_signer_token_file=str(token),
+                log_witnesses=witnesses,
             )
             async with Service(remote) as running, running.client() as client:
                 await committed(client, "op-0")
@@ -369,3 +382,41 @@ async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
         assert await size_of(client) == 1
         r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
         assert r.status_code == 409 and r.json()["code"] == "not_yet_logged"
+
+
+def test_the_signer_answers_only_the_shared_token(tmp_path: Path) -> None:
+    """LOG_SIGNER_TOKEN_FILE: with a token the signer answers no request without it (a wrong one, none,
+    another scheme: 401, nothing signed or read); without one it refuses to listen beyond loopback;
+    a short token file stops the service's settings, naming the file and not its content."""
+    key = tmp_path / "key"
+    create_key(key, "effect-ledger.local")
+    token = secrets.token_hex(32)
+    server = serve_signer(FileSigner(key, tmp_path / "state"), "127.0.0.1", 0, token)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for headers in ({}, {"Authorization": f"Bearer {token[:-1]}x"}, {"Authorization": f"Basic {token}"}):
+            for method, path in (("GET", "/v1/state"), ("GET", "/v1/key?origin=o/t1"), ("POST", "/v1/sign")):
+                r = httpx.request(method, url + path, headers=headers, json={})
+                assert (r.status_code, r.json()) == (401, {"reason": "unauthorized"}), (headers, path)
+        with pytest.raises(SignRefused) as refused:
+            asyncio.run(RemoteSigner(url, token="y" * 64).states())
+        assert refused.value.reason == "unauthorized" and "y" * 32 not in str(refused.value)
+        assert asyncio.run(RemoteSigner(url, token=token).states()) == {}
+        vkey = asyncio.run(RemoteSigner(url, token=token).vkey("effect-ledger.local/t1"))
+        assert vkey.startswith("effect-ledger.local/t1+")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ValueError, match="needs a token"):
+        serve_signer(FileSigner(key, tmp_path / "state"), "0.0.0.0", 0)  # noqa: S104
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    everywhere = "0.0.0.0"  # noqa: S104 -- the address it must refuse without a token
+    args = ("log-signer", "--key", str(key), "--state", str(tmp_path / "s"), "--listen-host", everywhere)
+    run = subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "needs a token" in run.stderr, run.stderr
+    short = tmp_path / "short-token"
+    short.write_text("s3cr3t-but-short")
+    with pytest.raises(SettingsError) as bad:
+        Settings.from_env({}, log_signer_token_file=str(short))
+    assert "shorter than 32" in str(bad.value) and "s3cr3t" not in str(bad.value)

@@ -254,6 +254,12 @@ def test_secret_like_env_vars_come_from_secret_key_refs(name: str) -> None:
         for env in container.get("env", []):
             if SECRET_LIKE.search(env["name"]):
                 checked += 1
+                if env["name"].endswith("_FILE") and "value" in env:  # a path into a read-only mount
+                    assert any(
+                        env["value"].startswith(m["mountPath"] + "/") and m.get("readOnly")
+                        for m in container.get("volumeMounts", [])
+                    ), f"{where}: {env['name']} is not a file of a read-only mount"
+                    continue
                 assert "value" not in env, f"{where}: {env['name']} has a literal value"
                 ref = env["valueFrom"]["secretKeyRef"]
                 assert ref["name"] and ref["key"], where
@@ -339,6 +345,37 @@ def test_only_the_log_signer_mounts_the_signing_key(name: str) -> None:
     state = volumes["log-signer-state"]["persistentVolumeClaim"]["claimName"]
     one(name, "PersistentVolumeClaim", state)  # the state outlives the pod, outside the database
     assert config_map(name)["data"]["EFFECT_LEDGER_LOG_SIGNER_URL"] == f"http://{APP}-log-signer:7380"
+
+
+@builds
+def test_the_signer_token_is_shared_by_the_servers_and_the_signer_only(name: str) -> None:
+    """The signer answers only requests carrying the shared token (LOG_SIGNER_TOKEN_FILE): both ends
+    mount the one Secret read-only at the path they are told, and no other workload holds it."""
+    token_secret = f"{APP}-log-signer-token"
+    holders = {}
+    for obj, template in workloads(name):
+        volumes = [
+            v
+            for v in template["spec"].get("volumes", [])
+            if v.get("secret", {}).get("secretName") == token_secret
+        ]
+        if volumes:
+            holders[obj["metadata"]["name"]] = (template["spec"], volumes[0])
+    assert sorted(holders) == [APP, f"{APP}-log-signer"]
+    for workload, (spec, volume) in holders.items():
+        (container,) = spec["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        assert [item["path"] for item in volume["secret"]["items"]] == ["token"]
+        path = f"{mount['mountPath']}/token"
+        if workload == APP:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["EFFECT_LEDGER_LOG_SIGNER_TOKEN_FILE"] == path
+            assert volume["secret"]["defaultMode"] == 0o440
+        else:
+            assert f"--token-file={path}" in container["args"]
+            assert volume["secret"]["defaultMode"] == 0o400
+    assert "EFFECT_LEDGER_LOG_SIGNER_TOKEN_FILE" not in config_map(name)["data"]  # not every workload's
 
 
 @pytest.mark.parametrize("name", OVERLAYS)

@@ -111,8 +111,14 @@ def test_config_map_settings(name: str) -> None:
         (container,) = spec["containers"]
         assert container["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}]
         if obj["metadata"]["labels"].get("app.kubernetes.io/component") == "log-signer":
-            # the signer verifies no tokens: it mounts its own key only (tests/static/test_k8s.py)
-            assert {v["name"] for v in spec["volumes"]} == {"tmp", "log-signer-key", "log-signer-state"}
+            # the signer verifies no JWTs: it mounts its own key and the token it shares with the
+            # servers only (tests/static/test_k8s.py)
+            assert {v["name"] for v in spec["volumes"]} == {
+                "tmp",
+                "log-signer-key",
+                "log-signer-state",
+                "log-signer-token",
+            }
             continue
         # Each key file path lies in a read-only mount of a Secret that projects that file (settings
         # check that a configured file is readable, so every workload mounts both).
