@@ -157,6 +157,12 @@ class Settings:
     journal_max_record_bytes: int = setting(
         16384, "UTF-8 bytes of one journal record in its JCS form", at_least(64)
     )
+    database_startup_wait_seconds: int = setting(
+        60,
+        "how long a starting worker keeps retrying a database that is unreachable or not yet writable "
+        "(a failover in progress, a server still starting) before it gives up; `0`: one attempt",
+        at_least(0),
+    )
     pool_size: int = setting(10, "runtime connections per worker", at_least(1))
     reader_pool_size: int = setting(2, "diagnostics-reader connections per worker", at_least(1))
     pool_acquire_timeout_ms: int = setting(

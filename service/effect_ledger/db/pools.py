@@ -212,14 +212,24 @@ class Pools:
 
     @classmethod
     async def open(cls, settings: Settings, *, reader: bool = True, audit: bool = True) -> Pools:
-        """Open the pools for the configured database, each with its admission bound."""
-        runtime = await create_role_pool(settings, RUNTIME_ROLE, settings.pool_size)
-        reader_pool = (
-            await create_role_pool(settings, READER_ROLE, settings.reader_pool_size) if reader else None
-        )
-        audit_pool = (
-            await create_role_pool(settings, RUNTIME_ROLE, settings.audit_pool_size) if audit else None
-        )
+        """Open the pools for the configured database, each with its admission bound (none left open
+        when one of them cannot be opened)."""
+        opened: list[asyncpg.Pool] = []
+
+        async def role_pool(role: str, size: int) -> asyncpg.Pool:
+            pool = await create_role_pool(settings, role, size)
+            opened.append(pool)
+            return pool
+
+        try:
+            runtime = await role_pool(RUNTIME_ROLE, settings.pool_size)
+            reader_pool = await role_pool(READER_ROLE, settings.reader_pool_size) if reader else None
+            audit_pool = await role_pool(RUNTIME_ROLE, settings.audit_pool_size) if audit else None
+            batching = settings.write_batch_max > 1 and not await _on_citus(runtime)
+        except BaseException:
+            for pool in opened:
+                pool.terminate()
+            raise
         pools = cls(runtime, reader_pool, settings.pool_acquire_timeout_ms / 1000, audit_pool)
         shed_wait = settings.pool_shed_wait_ms / 1000
         for name, pool in (("runtime", runtime), ("audit", audit_pool), ("reader", reader_pool)):
@@ -228,7 +238,7 @@ class Pools:
                     name, pool.get_max_size(), settings.pool_max_waiting, shed_wait
                 )
                 admit(pool, pools.admissions[name])
-        if settings.write_batch_max > 1 and not await _on_citus(runtime):
+        if batching:
             _BATCHERS[id(runtime)] = WriteBatcher(
                 runtime,
                 pools.acquire_timeout,
@@ -249,6 +259,37 @@ class Pools:
                 _ADMISSIONS.pop(id(pool), None)
                 _BATCHERS.pop(id(pool), None)
                 await pool.close()
+
+
+STARTUP_RETRY_MAX_SECONDS = 2.0
+# What a start-up retries: the server unreachable, starting, shutting down or not (yet) writable.
+STARTUP_RETRIED: tuple[type[BaseException], ...] = (
+    *failover.SERVER_LOST,
+    *failover.SERVER_CHANGED,
+    TimeoutError,
+)
+
+
+async def open_when_reachable(
+    settings: Settings, on_retry: Callable[[BaseException, float], None], **kwargs: Any
+) -> Pools:
+    """`Pools.open`, retried while the database is unreachable or not yet writable (a worker started
+    in the middle of a failover, a database still starting) for up to DATABASE_STARTUP_WAIT_SECONDS,
+    with backoff (0.25 s doubling to 2 s); `on_retry(failure, delay)` before each wait. Anything
+    else (a wrong password, a missing role) fails at once, as does the last attempt."""
+    deadline = time.monotonic() + settings.database_startup_wait_seconds
+    delay = 0.25
+    while True:
+        try:
+            return await Pools.open(settings, **kwargs)
+        except STARTUP_RETRIED as lost:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            wait = min(delay, left)
+            on_retry(lost, wait)
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, STARTUP_RETRY_MAX_SECONDS)
 
 
 @asynccontextmanager

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import structlog
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 
@@ -13,7 +14,7 @@ from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
-from effect_ledger.db.pools import Pools
+from effect_ledger.db.pools import open_when_reachable
 from effect_ledger.db.receipt_log import LogGuard, background_log
 from effect_ledger.domain.approvals import parse_policy
 from effect_ledger.http.approvals import ApprovalsController
@@ -65,6 +66,16 @@ ROUTES: list[Any] = [
 ]
 
 
+def _startup_retry(failure: BaseException, delay: float) -> None:
+    """One log line per retry of a database not reachable (or not writable) at start-up: the failure's
+    kind only, never its text (it may carry a host or a user name)."""
+    structlog.get_logger("effect_ledger").warning(
+        "database not reachable at start-up, retrying",
+        error=type(failure).__name__,
+        retry_in_s=round(delay, 2),
+    )
+
+
 def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar:
     """Build the app for `settings`; pools open at start-up and close at shutdown."""
     configure_logging(settings.log_level, settings.log_format)
@@ -75,7 +86,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        pools = await Pools.open(settings)
+        pools = await open_when_reachable(settings, _startup_retry)
         app.state.pools = pools
         observer = LedgerTelemetry(metrics)
         app.state.ledger = Ledger(pools.runtime, pools.acquire_timeout, observer)
