@@ -538,14 +538,18 @@ class Bench:
                 f"{service.rate:,.0f} / {unbatched.rate:,.0f} cycles/s; PostgreSQL "
                 f"{service.pg_ms():.2f} / {unbatched.pg_ms():.2f} ms per cycle",
             )
-        log_off = self.layers.get("log_off")
+        log_off, log_again = self.layers.get("log_off"), self.layers.get("log_on_again")
         if service and log_off and log_off.rate:
+            # on, off, on again: the mean of the two "on" rows brackets the "off" one, so the tables'
+            # growth from row to row (each slows the next a little) cancels instead of counting as cost
+            on = (service.rate + log_again.rate) / 2 if log_again and log_again.rate else service.rate
+            again = f" (mean of {service.rate:,.0f} and {log_again.rate:,.0f})" if log_again else ""
             ratio_row(
                 "receipts log: service on / off, cycles/s",
-                service.rate / log_off.rate,
+                on / log_off.rate,
                 f">= {LOG_ON_TO_OFF:.2f}",
-                service.rate >= LOG_ON_TO_OFF * log_off.rate,
-                f"{service.rate:,.0f} / {log_off.rate:,.0f} cycles/s; WAL {service.wal_per_cycle():,.0f} / "
+                on >= LOG_ON_TO_OFF * log_off.rate,
+                f"{on:,.0f}{again} / {log_off.rate:,.0f} cycles/s; WAL {service.wal_per_cycle():,.0f} / "
                 f"{log_off.wal_per_cycle():,.0f} B per cycle",
             )
         if self.log_lags:
@@ -640,6 +644,13 @@ async def run_bench(config: BenchConfig) -> str:
                 "receipts log off (LOG_ENABLED=false)",
                 {"EFFECT_LEDGER_LOG_ENABLED": "false"},
                 "nol",
+            ),
+            lambda: bench.variant_phase(
+                url,
+                "log_on_again",
+                "receipts log on again (LOG_ENABLED=true)",
+                {"EFFECT_LEDGER_LOG_ENABLED": "true"},
+                "lon",
             ),
         ]
         if config.growth_sizes:
