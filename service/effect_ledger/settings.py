@@ -91,6 +91,12 @@ class Settings:
     http_server: str = setting(
         "granian", "the ASGI server `serve` runs: `granian` or `uvicorn`", one_of("granian", "uvicorn")
     )
+    granian_interface: str = setting(
+        "rsgi",
+        "how granian calls the app: `rsgi` (its native interface, bridged to the ASGI app in Python:"
+        " one await for the body, one call for the answer) or `asgi`",
+        one_of("rsgi", "asgi"),
+    )
     jwt_secret: str | None = setting(
         None, "HS256 shared secret (absent with HS256: a development secret, created in the data directory)"
     )
