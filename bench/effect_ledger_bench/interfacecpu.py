@@ -5,8 +5,9 @@ starts `serve --workers N` on one fresh database (embedded, or EFFECT_LEDGER_DAT
 once per interface (EFFECT_LEDGER_GRANIAN_INTERFACE=rsgi / asgi), alternating the order every round,
 drives full effect cycles (claim -> submit -> complete) from the bench's generator (wrk when installed)
 for a warm-up and then the measured run, and reads the serve process tree's CPU time (supervisor and
-workers) just before and after the measured run. Per run it prints the requests answered, serve's CPU
-per request, and the one-minute load average. CPU time, not throughput: comparable between the
+workers, user and system) and every thread's context switches just before and after the measured
+run. Per run it prints the requests answered, serve's CPU and context switches per request, and the
+one-minute load average. CPU time, not throughput: comparable between the
 alternating runs of one sitting. Not part of `effect-ledger bench`.
 """
 
@@ -21,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings
 from effect_ledger_bench.database import Cluster
@@ -29,6 +32,24 @@ from effect_ledger_bench.service import ServiceProcess
 from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 
 WARMUP_SECONDS = 2.0
+
+
+def tree_counters(pid: int) -> tuple[float, float, int]:
+    """User CPU s, system CPU s and context switches (every thread's) of the serve process tree."""
+    user = system = 0.0
+    switches = 0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            user, system = user + times.user, system + times.system
+            for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                for line in (task / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                        switches += int(line.split()[1])
+        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            continue
+    return user, system, switches
 
 
 async def one_run(
@@ -45,16 +66,20 @@ async def one_run(
         prefix = f"ic{interface}-{time.time_ns()}"
         await gen.cycles(executors, 0.0, WARMUP_SECONDS, prefix + "w")
         load_before = os.getloadavg()[0]
-        before = service.cpu_seconds()
+        user0, system0, switches0 = tree_counters(service.pid)
         result = await gen.cycles(executors, 0.0, seconds, prefix)
-        spent = service.cpu_seconds() - before
+        user1, system1, switches1 = tree_counters(service.pid)
     finally:
         await service.stop()
-    per_request = spent / result.requests * 1e6 if result.requests else float("nan")
+    n = result.requests or 1
+    spent = user1 - user0 + system1 - system0
+    per_request = spent / n * 1e6
     errors = sum(result.errors.values())
     line = (
         f"{interface}: {result.requests:,} requests ({result.cycles:,} cycles, {errors} unexpected) "
-        f"via {result.generator}; serve CPU {spent:.2f} s = {per_request:.0f} us per request; "
+        f"via {result.generator}; serve CPU {spent:.2f} s = {per_request:.0f} us per request "
+        f"(user {(user1 - user0) / n * 1e6:.0f}, system {(system1 - system0) / n * 1e6:.0f}), "
+        f"{(switches1 - switches0) / n:.1f} context switches per request; "
         f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}"
     )
     return line, per_request

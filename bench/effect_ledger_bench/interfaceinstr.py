@@ -138,6 +138,11 @@ async def one_run(interface: str, cycles: int, executors: int) -> tuple[int, int
         proc.wait(600)
         outputs = [workdir / f"callgrind.out.{pid}" for pid in worker]
         counted = [_total(path) for path in outputs if path.exists()]
+        keep = os.environ.get("INTERFACEINSTR_KEEP")  # a directory: keep the worker's callgrind output
+        if keep:
+            for path in outputs:
+                if path.exists():
+                    shutil.copy(path, Path(keep) / f"callgrind.{interface}.{requests}.out")
         if len(counted) != 1:
             raise RuntimeError(f"one worker expected, counts {counted}: {sorted(os.listdir(workdir))}")
         return requests, counted[0]

@@ -26,6 +26,7 @@ passed on (granian's RSGI headers drop such values). WebSockets are not served (
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +43,7 @@ _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 _REQUEST_END = {"type": "http.request", "body": b"", "more_body": False}
 _DISCONNECT = {"type": "http.disconnect"}
 _PATH_SAFE = "/:@!$&'()*+,;=~"  # RFC 3986 pchar besides unreserved: kept as they were sent
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=~._-]*")  # nothing to encode (every API path)
 
 log = structlog.get_logger("effect_ledger.http")
 
@@ -197,7 +199,7 @@ class RSGIEntry:
             "method": scope.method,
             "root_path": "",
             "path": path,
-            "raw_path": quote(path, safe=_PATH_SAFE).encode("ascii"),
+            "raw_path": path.encode() if _PLAIN_PATH.fullmatch(path) else quote(path, _PATH_SAFE).encode(),
             "query_string": scope.query_string.encode("latin-1"),
             "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
             "state": self.state.copy(),
