@@ -93,8 +93,8 @@ class Settings:
     )
     granian_interface: str = setting(
         "rsgi",
-        "how granian calls the app: `rsgi` (its native interface, bridged to the ASGI app in Python:"
-        " one await for the body, one call for the answer) or `asgi`",
+        "how granian calls the app: `rsgi` (its native interface; the app stays ASGI behind a small"
+        " adapter, fewer thread hand-overs per request) or `asgi`; uvicorn always runs ASGI",
         one_of("rsgi", "asgi"),
     )
     jwt_secret: str | None = setting(

@@ -8,19 +8,21 @@ awaitable (`await protocol()`), the answer one synchronous call (`protocol.respo
 This module is a small RSGI -> ASGI adapter in Python, so the app itself is the same object as under
 ASGI (`http.app.create_app`): the executor calls are still answered by `http.fastpath` (the same
 admission, decoding, `run_*` functions and answers, byte for byte), everything else by Litestar, and
-the request telemetry wraps both. What the adapter saves is granian's ASGI machinery: the body of a
-request with a `Content-Length` within the limit is read in one await, and an answer given in one body
-message (every JSON answer, problem or page) leaves in one `response_bytes` call, without awaiting the
-server. Streaming answers (several body messages, e.g. static files) go out through
-`response_stream`; request bodies without a length or over the limit are read chunk by chunk, as
-they arrive, so the app's body limit still stops them early. After the body, `receive` waits for the
-client's disconnect. The ASGI lifespan (pools, background tasks) starts once per worker in
-`__rsgi_init__` and stops in `__rsgi_del__`, exactly as granian's ASGI worker runs it.
+the request telemetry wraps both. What it saves is a thread hand-over per request with a body:
+granian's ASGI `receive` passes the body frame by frame and cannot tell that the first frame was the
+last, so the app must ask twice, each time for a future that granian's Rust thread resolves and hands
+back to the event loop; here a body whose `Content-Length` is within the limit is read in one await.
+An answer in one body message (every JSON answer, problem or page) leaves in one `response_bytes`;
+an answer in several (static files) through `response_stream`. Request bodies without a length or
+over the limit are read chunk by chunk as the app asks, so the app's body limit still stops them
+early. After the body, `receive` waits for the client's disconnect. The ASGI lifespan (pools,
+background tasks) starts once per worker in `__rsgi_init__` and stops in `__rsgi_del__`, where
+granian's ASGI worker runs it. Measured: docs/performance.md, "Issue 20 item 3: the RSGI entry".
 
 Differences from granian's ASGI scope, all outside what the app reads: `raw_path` is the decoded path
 percent-encoded again (RSGI passes no raw path: an encoded "/" or a needless escape is not restored),
-and a request header whose value is not visible ASCII is not
-passed on (granian's RSGI headers drop such values). WebSockets are not served (the app has none).
+and a request header whose value is not visible ASCII is not passed on (granian's RSGI headers drop
+such values). WebSocket upgrades are refused with 403 (the app serves none).
 """
 
 from __future__ import annotations
