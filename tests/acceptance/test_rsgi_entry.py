@@ -82,6 +82,22 @@ async def _chunked(body: bytes, parts: int = 3) -> AsyncIterator[bytes]:
         yield body[start : start + step]
 
 
+async def _abandoned(base_url: str, path: str, headers: dict[str, str], sent: bytes) -> None:
+    """A request announcing 100 bytes of body, of which `sent` arrive before the connection closes."""
+    host, port = base_url.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n"
+    )
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    writer.write(head.encode() + b"\r\n" + sent)
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the server is reading the body
+    writer.close()
+    await writer.wait_closed()
+    await asyncio.sleep(0.3)  # and has noticed the client is gone: its summary line comes before the next
+
+
 async def script(base_url: str, prefix: str) -> list[Answer]:
     """The same requests, in the same order, against one server (its own tenants: t-<prefix> ...)."""
     exec_ = auth(f"t-{prefix}", "exec-1", "ledger:execute")
@@ -133,6 +149,9 @@ async def script(base_url: str, prefix: str) -> list[Answer]:
         await post("c", "claim", None, raw, content=_chunked(b"{not json"))
         await post("c", "claim", None, raw, content=_chunked(oversized, 8))
         await post("c", "claim", None, {**exec_, "content-type": "text/plain"}, content=json.dumps(CLAIM))
+        # a client that goes away before its body is complete: 500 in the log (nobody gets the answer)
+        for sent in (b"", b'{"tool": "t"'):
+            await _abandoned(base_url, f"/v1/operations/{prefix}-gone/claim", exec_, sent)
         # not the executor calls: Litestar through the adapter
         await call("GET", "/v1/receipts?limit=1", auditor)
         await call("GET", "/v1/receipts?limit=zero", auditor)  # a query-string problem: 422
@@ -180,5 +199,8 @@ async def test_rsgi_answers_exactly_as_asgi_over_http(tmp_path: Path, db_url: st
     for n, (a, r) in enumerate(zip(through_asgi, through_rsgi, strict=True)):
         assert a == r, f"request {n}"
     assert through_rsgi[-2][2][:11] == b".swagger-ui"  # the whole file, not a part of it
-    assert _summaries(rsgi.log(), "rsgi") == _summaries(asgi.log(), "asgi")
-    assert len(_summaries(rsgi.log(), "rsgi")) == len(through_rsgi)
+    summaries = _summaries(rsgi.log(), "rsgi")
+    assert summaries == _summaries(asgi.log(), "asgi")
+    assert len(summaries) == len(through_rsgi) + 2  # the abandoned requests have a line, not an answer
+    abandoned = ("POST", "/v1/operations/{operation_id}/claim", 500, "internal", None, "t-<prefix>")
+    assert [line[:6] for line in summaries if line[2] == 500] == [abandoned, abandoned]

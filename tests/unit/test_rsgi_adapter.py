@@ -102,6 +102,20 @@ async def test_a_body_with_its_length_is_one_message_then_the_disconnect() -> No
     assert protocol.calls == [("read",)]
 
 
+class Gone(Protocol):
+    """A client that closed the connection before its body was complete."""
+
+    async def __call__(self) -> bytes:
+        raise ProtocolClosed("RSGI transport is closed")
+
+
+async def test_a_client_gone_mid_body_is_a_disconnect_at_once_and_after() -> None:
+    exchange = _Exchange(Gone(), 10)  # type: ignore[arg-type]
+    assert await exchange.receive() == {"type": "http.disconnect"}
+    # granian's client_disconnect() resolves only on a disconnect after the call (never, here)
+    assert await asyncio.wait_for(exchange.receive(), 1) == {"type": "http.disconnect"}
+
+
 async def test_no_body_is_not_read_from_granian() -> None:
     protocol = Protocol()
     exchange = _Exchange(protocol, 0)  # type: ignore[arg-type]

@@ -61,13 +61,14 @@ def _address(text: str) -> tuple[str, int] | None:
 class _Exchange:
     """One request's ASGI `receive` and `send`, over one RSGI protocol object."""
 
-    __slots__ = ("chunks", "finished", "headers", "length", "protocol", "status", "transport")
+    __slots__ = ("chunks", "finished", "gone", "headers", "length", "protocol", "status", "transport")
 
     def __init__(self, protocol: HTTPProtocol, length: int | None) -> None:
         self.protocol = protocol
         self.length = length  # read in one await when known and within the limit; else chunk by chunk
         self.chunks: Any = None  # the body's chunk iterator, once streaming
         self.finished = False  # the whole body was handed to the app
+        self.gone = False  # the client went away while its body was read
         self.status = 0
         self.headers: list[tuple[str, str]] | None = None
         self.transport: Any = None
@@ -75,7 +76,8 @@ class _Exchange:
     async def receive(self) -> Any:  # an ASGI message
         """The body (one message, or its chunks as they arrive), then the client's disconnect."""
         if self.finished:
-            await self.protocol.client_disconnect()
+            if not self.gone:  # granian's disconnect future resolves on a disconnect after this call only
+                await self.protocol.client_disconnect()
             return _DISCONNECT
         try:
             if self.length == 0:
@@ -91,7 +93,7 @@ class _Exchange:
         except StopAsyncIteration:
             chunk = b""
         except ProtocolClosed:  # the client went away mid-body
-            self.finished = True
+            self.finished = self.gone = True
             return _DISCONNECT
         if not chunk:  # the stream's end (granian yields b"" last)
             self.finished = True
