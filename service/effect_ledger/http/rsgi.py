@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from typing import Any
 from urllib.parse import quote
 
@@ -48,6 +47,10 @@ _PATH_SAFE = "/:@!$&'()*+,;=~"  # RFC 3986 pchar besides unreserved: kept as the
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=~._-]*")  # nothing to encode (every API path)
 
 log = structlog.get_logger("effect_ledger.http")
+
+
+class LifespanFailed(RuntimeError):
+    """The app's lifespan did not start: the worker must not serve."""
 
 
 def _address(text: str) -> tuple[str, int] | None:
@@ -155,7 +158,8 @@ class RSGIEntry:
         """Start the app's lifespan (pools, background tasks) before the worker serves."""
         self._lifespan = _Lifespan(self.app, self.state)
         if not loop.run_until_complete(self._lifespan.startup()):
-            sys.exit(1)  # as granian's ASGI worker does when lifespan startup fails
+            # The worker process exits with 1, as granian's ASGI worker does when the startup fails.
+            raise LifespanFailed("the app's lifespan startup failed (see the lifespan_failed line)")
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop the lifespan after the worker stopped serving."""
@@ -269,4 +273,4 @@ def rsgi_app_from_env() -> RSGIEntry:
     return RSGIEntry(create_app(settings), settings.max_body_bytes)
 
 
-__all__ = ["RSGIEntry", "rsgi_app_from_env"]
+__all__ = ["LifespanFailed", "RSGIEntry", "rsgi_app_from_env"]
