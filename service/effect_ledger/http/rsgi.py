@@ -22,7 +22,11 @@ granian's ASGI worker runs it. Measured: docs/performance.md, "Issue 20 item 3: 
 Differences from granian's ASGI scope, all outside what the app reads: `raw_path` is the decoded path
 percent-encoded again (RSGI passes no raw path: an encoded "/" or a needless escape is not restored),
 and a request header whose value is not visible ASCII is not passed on (granian's RSGI headers drop
-such values). WebSocket upgrades are refused with 403 (the app serves none).
+such values). WebSocket upgrades are refused with 403 (the app serves none). A body read chunk by
+chunk (no length, or over the limit) whose client goes away mid-way ends like a complete one
+(granian's RSGI chunk iterator yields b"" for the broken stream), so the app answers its truncated
+text (400 or 413) to nobody, where granian's ASGI receive says `http.disconnect` (500 to nobody);
+a body with a length (every executor call) reports the disconnect under both.
 """
 
 from __future__ import annotations
