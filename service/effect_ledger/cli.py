@@ -209,7 +209,8 @@ def server_of(database_url: str) -> str:
 
 
 def _serve_granian(ready: Settings) -> None:
-    """The same app under granian (a Rust HTTP server): workers are processes, lifespan on."""
+    """The same app under granian (a Rust HTTP server): workers are processes, lifespan on (under RSGI
+    too: http.rsgi runs it in each worker's init and del)."""
     from granian import Granian
     from granian.constants import Interfaces
     from prometheus_client import values
@@ -217,12 +218,13 @@ def _serve_granian(ready: Settings) -> None:
     # granian forks its workers from this process, which imported prometheus_client before
     # prepare_multiprocess_dir set its directory: choose the per-process value files now.
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    rsgi = ready.granian_interface == "rsgi"  # docs/performance.md, "Issue 20 item 3: the RSGI entry"
     Granian(
-        "effect_ledger.http.app:app_from_env",
+        "effect_ledger.http.rsgi:rsgi_app_from_env" if rsgi else "effect_ledger.http.app:app_from_env",
         factory=True,
         address=ready.host,
         port=ready.port,
-        interface=Interfaces.ASGI,
+        interface=Interfaces.RSGI if rsgi else Interfaces.ASGI,
         workers=ready.workers,
         log_enabled=False,  # the app logs one summary line per request itself, as JSON
         workers_kill_timeout=ready.shutdown_timeout_seconds,

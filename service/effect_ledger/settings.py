@@ -103,6 +103,12 @@ class Settings:
     http_server: str = setting(
         "granian", "the ASGI server `serve` runs: `granian` or `uvicorn`", one_of("granian", "uvicorn")
     )
+    granian_interface: str = setting(
+        "rsgi",
+        "how granian calls the app: `rsgi` (its native interface; the app stays ASGI behind a small"
+        " adapter, fewer thread hand-overs per request) or `asgi`; uvicorn always runs ASGI",
+        one_of("rsgi", "asgi"),
+    )
     jwt_secret: str | None = setting(
         None, "HS256 shared secret (absent with HS256: a development secret, created in the data directory)"
     )
