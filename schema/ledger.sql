@@ -75,7 +75,10 @@ BEGIN
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, seq, at, kind, actor, from_status, to_status, attempt, body, prev_hash, digest);
-    RETURN ledger.event_json(seq, at, kind, actor, from_status, to_status, attempt, body, prev_hash, digest);
+    -- The answer's keys and the stored row's seq, at and hashes: the cold transitions chain the next
+    -- event (and the row's head) from this one's `seq` and `hash`.
+    RETURN jsonb_build_object('seq', seq, 'at', at, 'kind', kind, 'actor', actor, 'from_status', from_status,
+        'to_status', to_status, 'attempt', attempt, 'data', body, 'prev_hash', prev_hash, 'hash', digest);
 END
 $$;
 
@@ -422,9 +425,12 @@ BEGIN
         -- one). An existing ID skips this: its verdict comes first, below.
         gate_outcome := NULL;
         approval_data := '';
-        IF approval_policy IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM ledger.operations AS o
-                           WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
+        -- Two tests, not one `AND NOT EXISTS`: a condition with a subquery is a whole query through
+        -- SPI, one without is a simple expression, so an ungated claim pays only the IS NULL test.
+        IF approval_policy IS NULL THEN
+            NULL;
+        ELSIF NOT EXISTS (SELECT 1 FROM ledger.operations AS o
+                          WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
             SELECT g.* INTO gate FROM ledger.approval_gate(
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, true, 1, db_now) AS g;
@@ -469,8 +475,7 @@ BEGIN
             -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
             -- would hash them again); one INSERT for both when it submits too.
             doc := claimed_data::jsonb;
-            events := jsonb_build_array(ledger.event_json(1, now, 'claimed', principal, NULL, 'pending', 1, doc,
-                                                          genesis, claimed_hash));
+            events := jsonb_build_array(ledger.event_json('claimed', principal, NULL, 'pending', 1, doc));
             IF submit THEN
                 submitted_doc := submitted_data::jsonb;
                 INSERT INTO ledger.events (
@@ -480,8 +485,8 @@ BEGIN
                         genesis, claimed_hash),
                        (tenant, operation_id, 2, now, 'submitted', principal, 'pending', 'submitted', 1,
                         submitted_doc, claimed_hash, submitted_hash);
-                events := events || ledger.event_json(2, now, 'submitted', principal, 'pending', 'submitted', 1,
-                                                      submitted_doc, claimed_hash, submitted_hash);
+                events := events || ledger.event_json('submitted', principal, 'pending', 'submitted', 1,
+                                                      submitted_doc);
             ELSE
                 INSERT INTO ledger.events (
                     tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
@@ -663,7 +668,7 @@ BEGIN
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, op.attempt, doc, head, digest);
-    events := events || ledger.event_json(seq, now, 'completed', actor, status, outcome, op.attempt, doc, head, digest);
+    events := events || ledger.event_json('completed', actor, status, outcome, op.attempt, doc);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
     -- routed UPDATE
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
@@ -713,11 +718,11 @@ CREATE FUNCTION ledger.event_hash(prev_hash text, operation_id text, seq integer
         ledger.jcs_string(kind), ledger.jcs_string(operation_id), seq, ledger.jcs_string(to_status)), 'UTF8')), 'hex')
 $$;
 
-CREATE FUNCTION ledger.event_json(seq integer, at timestamp with time zone, kind text, actor text, from_status text, to_status text, attempt integer, data jsonb, prev_hash text, hash text) RETURNS jsonb
+CREATE FUNCTION ledger.event_json(kind text, actor text, from_status text, to_status text, attempt integer, data jsonb) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT jsonb_build_object('seq', seq, 'at', at, 'kind', kind, 'actor', actor, 'from_status', from_status,
-        'to_status', to_status, 'attempt', attempt, 'data', data, 'prev_hash', prev_hash, 'hash', hash)
+    SELECT jsonb_build_object('kind', kind, 'actor', actor, 'from_status', from_status, 'to_status', to_status,
+        'attempt', attempt, 'data', data)
 $$;
 
 CREATE FUNCTION ledger.expire_approvals(tenant text, batch integer) RETURNS integer
@@ -949,8 +954,8 @@ BEGIN
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, op.chain_seq + 1, now, 'submitted', op.principal, 'pending', 'submitted',
             op.attempt, doc, op.chain_hash, digest);
-    events := jsonb_build_array(ledger.event_json(op.chain_seq + 1, now, 'submitted', op.principal, 'pending',
-                                                  'submitted', op.attempt, doc, op.chain_hash, digest));
+    events := jsonb_build_array(ledger.event_json('submitted', op.principal, 'pending', 'submitted',
+                                                  op.attempt, doc));
     UPDATE ledger.operations AS t SET
         status = 'submitted', effect_ref = submit.effect_ref,
         lease_seconds = COALESCE(submit.lease_seconds, t.lease_seconds), lease_expires_at = lease_end,

@@ -57,9 +57,12 @@ BEGIN
         -- one). An existing ID skips this: its verdict comes first, below.
         gate_outcome := NULL;
         approval_data := '';
-        IF approval_policy IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM ledger.operations AS o
-                           WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
+        -- Two tests, not one `AND NOT EXISTS`: a condition with a subquery is a whole query through
+        -- SPI, one without is a simple expression, so an ungated claim pays only the IS NULL test.
+        IF approval_policy IS NULL THEN
+            NULL;
+        ELSIF NOT EXISTS (SELECT 1 FROM ledger.operations AS o
+                          WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
             SELECT g.* INTO gate FROM ledger.approval_gate(
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, true, 1, db_now) AS g;
@@ -104,8 +107,7 @@ BEGIN
             -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
             -- would hash them again); one INSERT for both when it submits too.
             doc := claimed_data::jsonb;
-            events := jsonb_build_array(ledger.event_json(1, now, 'claimed', principal, NULL, 'pending', 1, doc,
-                                                          genesis, claimed_hash));
+            events := jsonb_build_array(ledger.event_json('claimed', principal, NULL, 'pending', 1, doc));
             IF submit THEN
                 submitted_doc := submitted_data::jsonb;
                 INSERT INTO ledger.events (
@@ -115,8 +117,8 @@ BEGIN
                         genesis, claimed_hash),
                        (tenant, operation_id, 2, now, 'submitted', principal, 'pending', 'submitted', 1,
                         submitted_doc, claimed_hash, submitted_hash);
-                events := events || ledger.event_json(2, now, 'submitted', principal, 'pending', 'submitted', 1,
-                                                      submitted_doc, claimed_hash, submitted_hash);
+                events := events || ledger.event_json('submitted', principal, 'pending', 'submitted', 1,
+                                                      submitted_doc);
             ELSE
                 INSERT INTO ledger.events (
                     tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,

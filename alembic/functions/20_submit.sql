@@ -49,8 +49,8 @@ BEGIN
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, op.chain_seq + 1, now, 'submitted', op.principal, 'pending', 'submitted',
             op.attempt, doc, op.chain_hash, digest);
-    events := jsonb_build_array(ledger.event_json(op.chain_seq + 1, now, 'submitted', op.principal, 'pending',
-                                                  'submitted', op.attempt, doc, op.chain_hash, digest));
+    events := jsonb_build_array(ledger.event_json('submitted', op.principal, 'pending', 'submitted',
+                                                  op.attempt, doc));
     UPDATE ledger.operations AS t SET
         status = 'submitted', effect_ref = submit.effect_ref,
         lease_seconds = COALESCE(submit.lease_seconds, t.lease_seconds), lease_expires_at = lease_end,
