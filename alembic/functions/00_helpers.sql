@@ -17,7 +17,10 @@ $$;
 
 -- Bind the tenant for this transaction. On plain PostgreSQL set_config(); on Citus (its settings
 -- exist) tenancy.bind_setting, whose SET LOCAL the coordinator forwards to the workers (0008).
--- LANGUAGE sql and VOLATILE like its body, so that the planner inlines it into the caller's PERFORM.
+-- LANGUAGE sql and VOLATILE like its body, so that the planner inlines it into the caller's expression.
+-- The write-path functions assign its result (`bound := ledger.bind_tenant(tenant)`) rather than
+-- PERFORM it: an assignment is a simple expression that PL/pgSQL evaluates directly, a PERFORM a whole
+-- query through SPI (executor start and end) in every call.
 CREATE OR REPLACE FUNCTION ledger.bind_tenant(tenant text) RETURNS text LANGUAGE sql VOLATILE AS $$
     SELECT CASE WHEN current_setting('citus.propagate_set_commands', true) IS NULL
                 THEN set_config('effect_ledger.tenant', tenant, true)
@@ -25,23 +28,38 @@ CREATE OR REPLACE FUNCTION ledger.bind_tenant(tenant text) RETURNS text LANGUAGE
 $$;
 
 -- The chain: hash = sha256_hex(prev_hash || "\n" || JCS(content)), exactly as domain/chain.py does.
--- The content's keys are written in JCS (sorted) order by concatenation; `data` comes in JCS text
--- (the service passes client-supplied parts already canonical). `at` needs no escaping.
+-- The content's keys are written in JCS (sorted) order into one format() string; `data` comes in JCS
+-- text (the service passes client-supplied parts already canonical). `at` needs no escaping. One
+-- format() call, not a chain of `||`: each `||` is a function node that PL/pgSQL initialises again in
+-- every transaction (fmgr lookup, ACL check), and the chain of 20 cost ~0.1 M instructions per cycle
+-- (issue 20 item 1, round 3). format('%s', integer) writes what integer::text writes.
 CREATE OR REPLACE FUNCTION ledger.event_hash(
     prev_hash text, operation_id text, seq integer, at timestamptz, kind text, actor text,
     from_status text, to_status text, attempt integer, data text)
 RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT encode(sha256(convert_to(prev_hash || E'\n'
-        || '{"actor":' || ledger.jcs_string(actor) || ',"at":"' || ledger.ts_text(at)
-        || '","attempt":' || attempt::text || ',"data":' || data
-        || ',"from_status":' || ledger.jcs_string(from_status) || ',"kind":' || ledger.jcs_string(kind)
-        || ',"operation_id":' || ledger.jcs_string(operation_id) || ',"seq":' || seq::text
-        || ',"to_status":' || ledger.jcs_string(to_status) || '}', 'UTF8')), 'hex')
+    SELECT encode(sha256(convert_to(format(
+        E'%s\n{"actor":%s,"at":"%s","attempt":%s,"data":%s,"from_status":%s,"kind":%s,"operation_id":%s,"seq":%s,"to_status":%s}',
+        prev_hash, ledger.jcs_string(actor), ledger.ts_text(at), attempt, data, ledger.jcs_string(from_status),
+        ledger.jcs_string(kind), ledger.jcs_string(operation_id), seq, ledger.jcs_string(to_status)), 'UTF8')), 'hex')
+$$;
+
+-- An event as the write-path functions answer it (their `events` output): what the service reads of
+-- it (db/ledger.returned_events), not the stored row's seq, at and hashes (GET .../events serves
+-- those). Inlined into the caller's expression. Each key costs: building the answer was 0.24 M
+-- instructions per cycle with all ten (issue 20 item 1, round 3).
+CREATE OR REPLACE FUNCTION ledger.event_json(
+    kind text, actor text, from_status text, to_status text, attempt integer, data jsonb)
+RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT jsonb_build_object('kind', kind, 'actor', actor, 'from_status', from_status, 'to_status', to_status,
+        'attempt', attempt, 'data', data)
 $$;
 
 -- Append one event after the chain head (seq, prev_hash) of an operation whose row exists and is
--- locked by the caller; answers the event (its hash is the new head). INSERT ... VALUES, not
--- INSERT ... SELECT FROM a function: Citus routes the former to the tenant's shard (0008).
+-- locked by the caller; answers the event (its hash is the new head). The cold transitions use it
+-- (reclaim, discrepancy, lease expiry, resolve, sweep); submit, complete and a new claim insert their
+-- events inline, without the nested call.
+-- INSERT ... VALUES, not INSERT ... SELECT FROM a function: Citus routes the former to the tenant's
+-- shard (0008).
 CREATE OR REPLACE FUNCTION ledger.append_event(
     tenant text, operation_id text, seq integer, prev_hash text, at timestamptz, kind text, actor text,
     from_status text, to_status text, attempt integer, data text)
@@ -54,7 +72,8 @@ BEGIN
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, seq, at, kind, actor, from_status, to_status, attempt, body, prev_hash, digest);
-    -- The event as the functions answer it (their `events` output, read by db/ledger.returned_events).
+    -- The answer's keys and the stored row's seq, at and hashes: the cold transitions chain the next
+    -- event (and the row's head) from this one's `seq` and `hash`.
     RETURN jsonb_build_object('seq', seq, 'at', at, 'kind', kind, 'actor', actor, 'from_status', from_status,
         'to_status', to_status, 'attempt', attempt, 'data', body, 'prev_hash', prev_hash, 'hash', digest);
 END

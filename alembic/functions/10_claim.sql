@@ -33,6 +33,7 @@ CREATE OR REPLACE FUNCTION ledger.claim(
     OUT outcome text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb, OUT approval jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
+    bound text;  -- ledger.bind_tenant's answer (unused)
     now timestamptz;
     lease_end timestamptz;
     genesis constant text := repeat('0', 64);
@@ -41,11 +42,13 @@ DECLARE
     claimed_hash text;
     submitted_hash text;
     e jsonb;
+    doc jsonb;            -- the `claimed` event's data as stored
+    submitted_doc jsonb;  -- the `submitted` event's
     gate record;  -- the approval gate's answer for the attempt about to be granted (NULL: ungated)
     gate_outcome text;
     approval_data text;  -- '"approval":{...},' first in the event's JCS data, or ''
 BEGIN
-    PERFORM ledger.bind_tenant(tenant);
+    bound := ledger.bind_tenant(tenant);
     FOR round IN 1..3 LOOP
         db_now := clock_timestamp();
         now := date_trunc('milliseconds', db_now);
@@ -54,9 +57,12 @@ BEGIN
         -- one). An existing ID skips this: its verdict comes first, below.
         gate_outcome := NULL;
         approval_data := '';
-        IF approval_policy IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM ledger.operations AS o
-                           WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
+        -- Two tests, not one `AND NOT EXISTS`: a condition with a subquery is a whole query through
+        -- SPI, one without is a simple expression, so an ungated claim pays only the IS NULL test.
+        IF approval_policy IS NULL THEN
+            NULL;
+        ELSIF NOT EXISTS (SELECT 1 FROM ledger.operations AS o
+                          WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id) THEN
             SELECT g.* INTO gate FROM ledger.approval_gate(
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, true, 1, db_now) AS g;
@@ -98,13 +104,27 @@ BEGIN
         WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
         CONTINUE WHEN op.tenant_id IS NULL;  -- purged since our insert conflicted: insert again
         IF op.claim_token_hash = token_hash AND op.attempt = 1 AND op.created_at = now THEN
-            e := ledger.append_event(tenant, operation_id, 1, genesis, now, 'claimed', principal, NULL, 'pending',
-                                     1, claimed_data);
-            events := jsonb_build_array(e);
+            -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
+            -- would hash them again); one INSERT for both when it submits too.
+            doc := claimed_data::jsonb;
+            events := jsonb_build_array(ledger.event_json('claimed', principal, NULL, 'pending', 1, doc));
             IF submit THEN
-                e := ledger.append_event(tenant, operation_id, 2, claimed_hash, now, 'submitted', principal,
-                                         'pending', 'submitted', 1, submitted_data);
-                events := events || e;
+                submitted_doc := submitted_data::jsonb;
+                INSERT INTO ledger.events (
+                    tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
+                    prev_hash, hash)
+                VALUES (tenant, operation_id, 1, now, 'claimed', principal, NULL, 'pending', 1, doc,
+                        genesis, claimed_hash),
+                       (tenant, operation_id, 2, now, 'submitted', principal, 'pending', 'submitted', 1,
+                        submitted_doc, claimed_hash, submitted_hash);
+                events := events || ledger.event_json('submitted', principal, 'pending', 'submitted', 1,
+                                                      submitted_doc);
+            ELSE
+                INSERT INTO ledger.events (
+                    tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
+                    prev_hash, hash)
+                VALUES (tenant, operation_id, 1, now, 'claimed', principal, NULL, 'pending', 1, doc,
+                        genesis, claimed_hash);
             END IF;
             IF gate_outcome = 'approved' THEN  -- consumed by this attempt, in this transaction
                 PERFORM ledger.approval_write(gate.approval, gate.events);

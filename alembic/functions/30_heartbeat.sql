@@ -8,10 +8,11 @@ CREATE OR REPLACE FUNCTION ledger.heartbeat(
     OUT outcome text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
+    bound text;  -- ledger.bind_tenant's answer (unused)
     now timestamptz;
 BEGIN
     events := '[]';
-    PERFORM ledger.bind_tenant(tenant);
+    bound := ledger.bind_tenant(tenant);
     SELECT * INTO op FROM ledger.operations AS t
     WHERE t.tenant_id = heartbeat.tenant AND t.operation_id = heartbeat.operation_id
     FOR UPDATE;

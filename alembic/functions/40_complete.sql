@@ -18,6 +18,7 @@ CREATE OR REPLACE FUNCTION ledger.complete(
     OUT incident_ref text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    bound text;  -- ledger.bind_tenant's answer (unused)
     status text;
     now timestamptz;
     terminal constant boolean := outcome IN ('committed', 'not_applied');
@@ -25,11 +26,14 @@ DECLARE
     seq integer;
     head text;
     e jsonb;
+    body text;    -- the `completed` event's data in JCS text (hashed as written)
+    digest text;  -- its hash: the new chain head
+    doc jsonb;    -- its data as stored
     recorded_receipt jsonb;
     recorded_reason jsonb;
 BEGIN
     events := '[]';
-    PERFORM ledger.bind_tenant(tenant);
+    bound := ledger.bind_tenant(tenant);
     SELECT * INTO op FROM ledger.operations AS t
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     FOR UPDATE;
@@ -93,10 +97,15 @@ BEGIN
         RETURN;
     END IF;
     -- Record the reported outcome (the same settlement as ledger.resolve's).
+    -- Its event inline, as in ledger.submit (no nested function call on the hot path).
     seq := seq + 1;
-    e := ledger.append_event(tenant, operation_id, seq, head, now, 'completed', actor, status, outcome, op.attempt,
-                             ledger.settled_data(outcome, receipt, reason, NULL, incident_id));
-    events := events || e;
+    body := ledger.settled_data(outcome, receipt, reason, NULL, incident_id);
+    digest := ledger.event_hash(head, operation_id, seq, now, 'completed', actor, status, outcome, op.attempt, body);
+    doc := body::jsonb;
+    INSERT INTO ledger.events (
+        tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
+    VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, op.attempt, doc, head, digest);
+    events := events || ledger.event_json('completed', actor, status, outcome, op.attempt, doc);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
     -- routed UPDATE
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
@@ -107,7 +116,7 @@ BEGIN
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
-        chain_seq = seq, chain_hash = e ->> 'hash'
+        chain_seq = seq, chain_hash = digest
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     RETURNING * INTO op;
     incident_ref := incident_id;

@@ -12,6 +12,7 @@ CREATE OR REPLACE FUNCTION ledger.resolve(
     OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
+    bound text;  -- ledger.bind_tenant's answer (unused)
     status text;
     now timestamptz;
     terminal constant boolean := outcome IN ('committed', 'not_applied');
@@ -22,7 +23,7 @@ DECLARE
     recorded_reason jsonb;
 BEGIN
     events := '[]';
-    PERFORM ledger.bind_tenant(tenant);
+    bound := ledger.bind_tenant(tenant);
     SELECT * INTO op FROM ledger.operations AS t
     WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
     FOR UPDATE;

@@ -7,11 +7,12 @@ CREATE OR REPLACE FUNCTION ledger.sweep(
     OUT outcome text, OUT op ledger.operations, OUT db_now timestamptz, OUT events jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
+    bound text;  -- ledger.bind_tenant's answer (unused)
     now timestamptz;
     e jsonb;
 BEGIN
     events := '[]';
-    PERFORM ledger.bind_tenant(tenant);
+    bound := ledger.bind_tenant(tenant);
     SELECT * INTO op FROM ledger.operations AS t
     WHERE t.tenant_id = sweep.tenant AND t.operation_id = sweep.operation_id
     FOR UPDATE;
