@@ -136,6 +136,7 @@ DECLARE
     now timestamptz;
     yes_count integer;
     gone boolean := false;
+    written jsonb := '[]';
 BEGIN
     PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
     events := '[]';
@@ -148,6 +149,9 @@ BEGIN
         RETURN;
     END IF;
     CALL ledger.approval_expire_if_due(approval, db_now, gone);
+    IF gone THEN  -- committed by approval_expire_if_due; `events` lists what this call committed
+        events := '[{"kind":"expired"}]';
+    END IF;
     IF approval.principal = actor THEN
         outcome := 'forbidden';
         RETURN;
@@ -171,10 +175,11 @@ BEGIN
     ELSIF yes_count >= approval.required THEN
         approval.status := 'approved';
     END IF;
-    CALL ledger.approval_event(approval, events, now, CASE decision WHEN 'deny' THEN 'denied' ELSE 'approved' END,
+    CALL ledger.approval_event(approval, written, now, CASE decision WHEN 'deny' THEN 'denied' ELSE 'approved' END,
         actor, '{"approvals":' || yes_count::text || ',"reason":' || ledger.jcs_string(reason)
         || ',"required":' || approval.required::text || ',"status":' || ledger.jcs_string(approval.status) || '}');
-    PERFORM ledger.approval_write(approval, events);
+    PERFORM ledger.approval_write(approval, written);
+    events := events || written;
     outcome := 'decided';
 END
 $$;
@@ -216,7 +221,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.approval_gate(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, policy jsonb, new_id boolean, attempt integer, clock timestamp with time zone, OUT outcome text, OUT approval ledger.approvals, OUT events jsonb, OUT chain_data text) RETURNS record
+CREATE FUNCTION ledger.approval_gate(tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text, policy jsonb, new_id boolean, attempt integer, clock timestamp with time zone, OUT outcome text, OUT approval ledger.approvals, OUT events jsonb, OUT chain_data text, OUT expired integer) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -224,6 +229,7 @@ DECLARE
     found_live boolean;
     gone boolean := false;
 BEGIN
+    expired := 0;
     FOR round IN 1..3 LOOP
         events := '[]';
         -- FOR UPDATE: concurrent claims of one approval queue here; a waiter re-reads the row after
@@ -238,6 +244,9 @@ BEGIN
         IF found_live THEN
             CALL ledger.approval_expire_if_due(approval, clock, gone);
             found_live := NOT gone;
+            IF gone THEN
+                expired := expired + 1;  -- its `expired` event is committed with this transaction
+            END IF;
         END IF;
         IF found_live THEN
             IF approval.status = 'approved' THEN
@@ -305,6 +314,7 @@ CREATE FUNCTION ledger.approval_revoke(tenant text, approval_id text, actor text
     AS $$
 DECLARE
     gone boolean := false;
+    written jsonb := '[]';
 BEGIN
     PERFORM tenancy.bind_setting('effect_ledger.tenant', tenant);
     events := '[]';
@@ -317,6 +327,9 @@ BEGIN
         RETURN;
     END IF;
     CALL ledger.approval_expire_if_due(approval, db_now, gone);
+    IF gone THEN  -- committed by approval_expire_if_due; `events` lists what this call committed
+        events := '[{"kind":"expired"}]';
+    END IF;
     IF approval.status = 'consumed' THEN
         outcome := 'invalid_transition';
         RETURN;
@@ -326,9 +339,10 @@ BEGIN
         RETURN;
     END IF;
     approval.status := 'revoked';
-    CALL ledger.approval_event(approval, events, date_trunc('milliseconds', db_now), 'revoked', actor,
+    CALL ledger.approval_event(approval, written, date_trunc('milliseconds', db_now), 'revoked', actor,
         '{"reason":' || ledger.jcs_string(reason) || '}');
-    PERFORM ledger.approval_write(approval, events);
+    PERFORM ledger.approval_write(approval, written);
+    events := events || written;
     outcome := 'revoked';
 END
 $$;
@@ -414,6 +428,7 @@ DECLARE
     submitted_doc jsonb;  -- the `submitted` event's
     gate record;  -- the approval gate's answer for the attempt about to be granted (NULL: ungated)
     gate_outcome text;
+    expired_here integer := 0;  -- requests the gate found past their validity and expired (metrics)
     approval_data text;  -- '"approval":{...},' first in the event's JCS data, or ''
 BEGIN
     bound := ledger.bind_tenant(tenant);
@@ -435,10 +450,11 @@ BEGIN
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, true, 1, db_now) AS g;
             gate_outcome := gate.outcome;
+            expired_here := expired_here + gate.expired;
             CONTINUE WHEN gate_outcome = 'retry';
             IF gate_outcome <> 'approved' THEN  -- the gate answers approved | approval_denied | approval_required
                 outcome := CASE gate_outcome WHEN 'approval_denied' THEN 'approval_denied' ELSE 'approval_required' END;
-                approval := to_jsonb(gate.approval);
+                approval := to_jsonb(gate.approval) || jsonb_build_object('expired_here', expired_here);
                 op := NULL;
                 events := '[]';
                 RETURN;
@@ -533,11 +549,12 @@ BEGIN
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, false, op.attempt + 1, db_now) AS g;
             gate_outcome := gate.outcome;
+            expired_here := expired_here + gate.expired;
             IF gate_outcome <> 'approved' THEN
                 outcome := CASE gate_outcome WHEN 'retry' THEN 'vanished'
                                              WHEN 'approval_denied' THEN 'approval_denied'
                                              ELSE 'approval_required' END;
-                approval := to_jsonb(gate.approval);
+                approval := to_jsonb(gate.approval) || jsonb_build_object('expired_here', expired_here);
                 RETURN;
             END IF;
             approval_data := gate.chain_data || ',';

@@ -25,7 +25,8 @@
 -- granted, in this transaction, and records the approval and its approvers first in the `claimed`
 -- (`reclaimed`) event's data. A new ID is gated before the insert, an existing one after its verdict,
 -- under the row lock. `approval` is the request's row (as jsonb: this file is applied by 0009, before
--- the approvals table exists) whenever the gate spoke.
+-- the approvals table exists) whenever the gate spoke; on a refusal with `expired_here`, how many
+-- requests the gate expired on the way (their `expired` events commit with this call: migration 0015).
 CREATE OR REPLACE FUNCTION ledger.claim(
     tenant text, operation_id text, principal text, tool text, tool_version text, intent_digest text,
     lease_seconds integer, nonce_hash bytea, token_hash bytea, sealed_token bytea, submit boolean,
@@ -46,6 +47,7 @@ DECLARE
     submitted_doc jsonb;  -- the `submitted` event's
     gate record;  -- the approval gate's answer for the attempt about to be granted (NULL: ungated)
     gate_outcome text;
+    expired_here integer := 0;  -- requests the gate found past their validity and expired (metrics)
     approval_data text;  -- '"approval":{...},' first in the event's JCS data, or ''
 BEGIN
     bound := ledger.bind_tenant(tenant);
@@ -67,10 +69,11 @@ BEGIN
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, true, 1, db_now) AS g;
             gate_outcome := gate.outcome;
+            expired_here := expired_here + gate.expired;
             CONTINUE WHEN gate_outcome = 'retry';
             IF gate_outcome <> 'approved' THEN  -- the gate answers approved | approval_denied | approval_required
                 outcome := CASE gate_outcome WHEN 'approval_denied' THEN 'approval_denied' ELSE 'approval_required' END;
-                approval := to_jsonb(gate.approval);
+                approval := to_jsonb(gate.approval) || jsonb_build_object('expired_here', expired_here);
                 op := NULL;
                 events := '[]';
                 RETURN;
@@ -165,11 +168,12 @@ BEGIN
                 tenant, operation_id, principal, tool, tool_version, intent_digest,
                 approval_policy, false, op.attempt + 1, db_now) AS g;
             gate_outcome := gate.outcome;
+            expired_here := expired_here + gate.expired;
             IF gate_outcome <> 'approved' THEN
                 outcome := CASE gate_outcome WHEN 'retry' THEN 'vanished'
                                              WHEN 'approval_denied' THEN 'approval_denied'
                                              ELSE 'approval_required' END;
-                approval := to_jsonb(gate.approval);
+                approval := to_jsonb(gate.approval) || jsonb_build_object('expired_here', expired_here);
                 RETURN;
             END IF;
             approval_data := gate.chain_data || ',';

@@ -324,6 +324,36 @@ async def test_metrics_count_approval_events(client: httpx.AsyncClient) -> None:
     assert 'effect_ledger_claims_total{result="approval_required"} 1.0' in text
 
 
+async def test_every_inline_expiry_is_counted_once(client: httpx.AsyncClient, db_url: str) -> None:
+    """A request past its validity is expired by whichever call locks it first: a claim's gate, a
+    decision or a revocation records the `expired` event itself, and each is counted exactly once
+    (`effect_ledger_approvals_total{event="expired"}`), as the sweep's are."""
+    by_claim, by_decide, by_revoke = [await required(client, op) for op in ("pay-x1", "pay-x2", "pay-x3")]
+    await decide(client, by_claim["approval_id"], "approve")
+    await owner(
+        db_url, "UPDATE ledger.approvals SET expires_at = statement_timestamp() - interval '1 second'"
+    )
+    renewed = await required(client, "pay-x1")  # the gate expires the approved request, asks anew
+    assert renewed["approval_id"] != by_claim["approval_id"]
+    late = await decide(client, by_decide["approval_id"], "approve")
+    assert late.status_code == 409 and late.json()["code"] == "invalid_transition"
+    rv = await client.post(
+        f"/v1/approvals/{by_revoke['approval_id']}/revoke", json={"reason": "late"}, headers=auth(**APPROVER)
+    )
+    assert rv.status_code == 200 and rv.json()["status"] == "revoked"
+    for gone, kinds in (
+        (by_claim, ["requested", "approved", "expired"]),
+        (by_decide, ["requested", "expired"]),
+        (by_revoke, ["requested", "expired", "revoked"]),
+    ):
+        chain = await events_of(client, f"/v1/approvals/{gone['approval_id']}/events")
+        assert [e["kind"] for e in chain] == kinds and chain_holds(chain)
+    assert (await required(client, "pay-x1"))["approval_id"] == renewed["approval_id"]  # nothing more expires
+    text = (await client.get("/metrics")).text
+    for kind, n in (("expired", 3), ("requested", 4), ("approved", 1), ("revoked", 1)):
+        assert f'effect_ledger_approvals_total{{event="{kind}"}} {n}.0' in text, kind
+
+
 async def test_maintenance_expires_and_drops_stored_intents(
     client: httpx.AsyncClient, settings: Settings, db_url: str
 ) -> None:

@@ -89,6 +89,7 @@ class ClaimResult:
     events: tuple[EventDraft, ...] = ()  # what the claim appended
     refusal: Refusal | None = None
     approval: dict[str, Any] | None = None  # the view of the request the approval gate spoke of
+    approvals_expired: int = 0  # requests the gate found past their validity and expired (metrics)
 
 
 def row_to_operation(row: Mapping[str, Any]) -> Operation:
@@ -218,7 +219,10 @@ async def claim(
         existing = None if row["operation_id"] is None else row_to_operation(row)
         refusal = Refusal(verdict, _APPROVAL_DETAIL[verdict])
         approval = view_of(row["approval"], row["db_now"])
-        return ClaimResult(verdict, existing, None, refusal=refusal, approval=approval)
+        expired = int(row["approval"].get("expired_here", 0)) if row["approval"] else 0
+        return ClaimResult(
+            verdict, existing, None, refusal=refusal, approval=approval, approvals_expired=expired
+        )
     outcome = _settle(ledger, "claim", row, req.binding)
     assert outcome.operation is not None
     op = outcome.operation

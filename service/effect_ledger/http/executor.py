@@ -96,11 +96,14 @@ def approval_ask(state: Any, tenant: str, body: ClaimBody) -> dict[str, Any] | N
 
 
 def observe_approval(state: Any, ask: dict[str, Any] | None, result: repo.ClaimResult) -> None:
-    """Count the approval events a gated claim committed: `requested` (the request carries the ID this
-    claim proposed) or `consumed` (an attempt was granted through it)."""
+    """Count the approval events a gated claim committed: `expired` (a request it found past its
+    validity), `requested` (the request carries the ID this claim proposed) or `consumed` (an attempt
+    was granted through it)."""
     if ask is None or result.approval is None:
         return
     metrics = state.metrics
+    for _ in range(result.approvals_expired):
+        metrics.approval_event("expired")
     if result.approval["approval_id"] == ask["approval_id"]:
         metrics.approval_event("requested")
     if result.verdict in ("created", "new_attempt"):
