@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from effect_ledger.db import diagnostics as repo
@@ -72,7 +73,19 @@ class DiagnosticsController(Controller):
     path = DIAGNOSTICS_PATH
     tags = ("diagnostics",)
 
-    @post("/", guards=[requires(DIAG_WRITE)], status_code=201, **strict(DiagnosticsBody))
+    @post(
+        "/",
+        guards=[requires(DIAG_WRITE)],
+        status_code=201,
+        responses={
+            200: ResponseSpec(
+                dict[str, Any],
+                description="the same report_id again: the first answer's incident (Idempotent-Replayed)",
+                generate_examples=False,
+            )
+        },
+        **strict(DiagnosticsBody),
+    )
     async def report(self, request: Request[Any, Any, Any], data: JSONBody[DiagnosticsBody]) -> Response[Any]:
         """Store an incident from the allow-listed fields; a credential-shaped value stores nothing."""
         incident, report = incident_from_body(caller_of(request), data, "report")
