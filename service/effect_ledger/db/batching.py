@@ -54,14 +54,21 @@ BATCH_LOCK_TIMEOUT = "50ms"
 BATCHED = frozenset({"run_claim", "run_submit", "run_heartbeat", "run_complete"})
 
 
-@dataclass(eq=False)
 class _Command:
-    query: str  # the single statement's catalogue name
-    args: tuple[Any, ...]  # its parameters: $1 is the tenant, $2 the operation ID
-    ticket: int | None  # its admission ticket, while it waits
-    future: asyncio.Future[Any]
-    taken: bool = False  # a statement carrying it has started
-    connected: bool = False  # that statement has its connection (the admission's wait is over)
+    """One call of `WriteBatcher.run`, from the queue to its answer (a plain slotted class: one is
+    built per request)."""
+
+    __slots__ = ("answered", "args", "connected", "future", "query", "settled", "taken", "ticket")
+
+    def __init__(self, query: str, args: tuple[Any, ...], ticket: int | None, future: asyncio.Future[Any]):
+        self.query = query  # the single statement's catalogue name
+        self.args = args  # its parameters: $1 is the tenant, $2 the operation ID
+        self.ticket = ticket  # its admission ticket, while it waits
+        self.future = future  # its answer (the caller awaits it)
+        self.taken = False  # a statement carrying it has started
+        self.connected = False  # that statement has its connection (the admission's wait is over)
+        self.answered = False  # the statement carrying it is over (answered, or failed)
+        self.settled: asyncio.Future[None] | None = None  # a cancelled caller waits here for that end
 
     def connect(self, admission: Any) -> None:
         if not self.connected:
@@ -96,37 +103,50 @@ class WriteBatcher:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, query: str, args: tuple[Any, ...]) -> Any:
-        """The row of one write-path call (the single statement's row), sent alone or in a batch."""
+        """The row of one write-path call (the single statement's row), sent alone or in a batch.
+
+        Per call: one future and, only when the call has to queue, one timer (no asyncio.wait or
+        shield: they cost a waiter future, a timer and callbacks on every request). A cancelled caller
+        whose call was sent waits for the statement's end (pools._to_the_end), then is cancelled."""
         tenant = args[0]
-        ticket = self.admission.enter(tenant) if self.admission is not None else None
-        command = _Command(query, args, ticket, asyncio.get_running_loop().create_future())
+        admission = self.admission
+        ticket = admission.enter(tenant) if admission is not None else None
+        loop = asyncio.get_running_loop()
+        command = _Command(query, args, ticket, loop.create_future())
+        expiry: asyncio.TimerHandle | None = None
         try:
             self._waiting.append(command)
             self._start()
+            if not command.taken:  # waiting to be sent is waiting for a connection: bounded like it
+                expiry = loop.call_later(self.acquire_timeout, self._expire, command)
             try:
-                # waiting to be sent is waiting for a connection: bounded like the pool's acquire
-                done, _ = await asyncio.wait({command.future}, timeout=self.acquire_timeout)
-                if not done and not command.taken:
-                    self._waiting.remove(command)
-                    raise TimeoutError("no write slot within the acquire timeout")
-                return await asyncio.shield(command.future)
+                return await command.future
             except asyncio.CancelledError:
                 if not command.taken:  # never sent: it leaves the queue and nothing was written
                     self._waiting.remove(command)
                     raise
-                # sent: the write runs to its end (pools._to_the_end), then the cancellation goes on
-                await asyncio.wait({command.future})
+                if not command.answered:  # sent: the write runs to its end, then the cancellation goes on
+                    command.settled = loop.create_future()
+                    await command.settled
                 raise
         finally:
-            if self.admission is not None:
-                command.connect(self.admission)  # (never connected: its wait ends here)
-                self.admission.leave(tenant)
+            if expiry is not None:
+                expiry.cancel()
+            if admission is not None:
+                command.connect(admission)  # (never connected: its wait ends here)
+                admission.leave(tenant)
+
+    def _expire(self, command: _Command) -> None:
+        """The acquire timeout of a call still queued: it leaves the queue, its caller gets the error."""
+        if not command.taken and not command.future.done():
+            self._waiting.remove(command)
+            command.future.set_exception(TimeoutError("no write slot within the acquire timeout"))
 
     def _start(self) -> None:
         while self._inflight < self.limit and self._waiting:
             batch = self._take()
             self._inflight += 1
-            task = asyncio.ensure_future(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -204,7 +224,10 @@ class WriteBatcher:
 
 
 def _answer(command: _Command, answer: Any) -> None:
-    if command.future.done():
+    command.answered = True
+    if command.settled is not None and not command.settled.done():
+        command.settled.set_result(None)
+    if command.future.done():  # its caller was cancelled (or timed out) meanwhile
         return
     if isinstance(answer, BaseException):
         command.future.set_exception(answer)
