@@ -58,13 +58,21 @@ class _Command:
     """One call of `WriteBatcher.run`, from the queue to its answer (a plain slotted class: one is
     built per request)."""
 
-    __slots__ = ("answered", "args", "connected", "future", "query", "settled", "taken", "ticket")
+    __slots__ = ("answered", "args", "connected", "deadline", "future", "query", "settled", "taken", "ticket")
 
-    def __init__(self, query: str, args: tuple[Any, ...], ticket: int | None, future: asyncio.Future[Any]):
+    def __init__(
+        self,
+        query: str,
+        args: tuple[Any, ...],
+        ticket: int | None,
+        future: asyncio.Future[Any],
+        deadline: float,
+    ) -> None:
         self.query = query  # the single statement's catalogue name
         self.args = args  # its parameters: $1 is the tenant, $2 the operation ID
         self.ticket = ticket  # its admission ticket, while it waits
         self.future = future  # its answer (the caller awaits it)
+        self.deadline = deadline  # (loop time) until when it may wait to be sent
         self.taken = False  # a statement carrying it has started
         self.connected = False  # that statement has its connection (the admission's wait is over)
         self.answered = False  # the statement carrying it is over (answered, or failed)
@@ -101,24 +109,29 @@ class WriteBatcher:
     _waiting: deque[_Command] = field(default_factory=deque)
     _inflight: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # One timer for the queue's acquire timeouts, one for the in-flight statements' stall release
+    # (each set for the oldest: both queues are in time order), instead of one timer per call.
+    _expiry: asyncio.TimerHandle | None = None
+    _slots: deque[_Slot] = field(default_factory=deque)  # in-flight statements, oldest first
+    _stall_watch: asyncio.TimerHandle | None = None
 
     async def run(self, query: str, args: tuple[Any, ...]) -> Any:
         """The row of one write-path call (the single statement's row), sent alone or in a batch.
 
-        Per call: one future and, only when the call has to queue, one timer (no asyncio.wait or
-        shield: they cost a waiter future, a timer and callbacks on every request). A cancelled caller
-        whose call was sent waits for the statement's end (pools._to_the_end), then is cancelled."""
+        Per call: one future (no asyncio.wait or shield, no timer: they cost a waiter future, a timer
+        and callbacks on every request). A cancelled caller whose call was sent waits for the
+        statement's end (pools._to_the_end), then is cancelled."""
         tenant = args[0]
         admission = self.admission
         ticket = admission.enter(tenant) if admission is not None else None
         loop = asyncio.get_running_loop()
-        command = _Command(query, args, ticket, loop.create_future())
-        expiry: asyncio.TimerHandle | None = None
+        # waiting to be sent is waiting for a connection: bounded like it (_expire_due)
+        command = _Command(query, args, ticket, loop.create_future(), loop.time() + self.acquire_timeout)
         try:
             self._waiting.append(command)
             self._start()
-            if not command.taken:  # waiting to be sent is waiting for a connection: bounded like it
-                expiry = loop.call_later(self.acquire_timeout, self._expire, command)
+            if not command.taken and self._expiry is None:
+                self._expiry = loop.call_at(command.deadline, self._expire_due)
             try:
                 return await command.future
             except asyncio.CancelledError:
@@ -130,17 +143,24 @@ class WriteBatcher:
                     await command.settled
                 raise
         finally:
-            if expiry is not None:
-                expiry.cancel()
             if admission is not None:
                 command.connect(admission)  # (never connected: its wait ends here)
                 admission.leave(tenant)
 
-    def _expire(self, command: _Command) -> None:
-        """The acquire timeout of a call still queued: it leaves the queue, its caller gets the error."""
-        if not command.taken and not command.future.done():
-            self._waiting.remove(command)
-            command.future.set_exception(TimeoutError("no write slot within the acquire timeout"))
+    def _expire_due(self) -> None:
+        """The acquire timeout of the calls still queued, oldest first: each leaves the queue and its
+        caller gets the error; the timer is set again for the next oldest (the queue is in arrival
+        order, hence in deadline order)."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = self._waiting
+        while waiting and waiting[0].deadline <= now:
+            command = waiting.popleft()
+            if not command.future.done():
+                command.future.set_exception(TimeoutError("no write slot within the acquire timeout"))
+        if waiting:
+            self._expiry = loop.call_at(waiting[0].deadline, self._expire_due)
 
     def _start(self) -> None:
         while self._inflight < self.limit and self._waiting:
@@ -168,8 +188,11 @@ class WriteBatcher:
         return batch
 
     async def _send(self, batch: list[_Command]) -> None:
-        slot = _Slot(self)
-        stalled = asyncio.get_running_loop().call_later(STALL_SECONDS, slot.release)
+        loop = asyncio.get_running_loop()
+        slot = _Slot(self, loop.time())
+        self._slots.append(slot)
+        if self._stall_watch is None:
+            self._stall_watch = loop.call_at(slot.started + STALL_SECONDS, self._release_stalled)
         cancelled: asyncio.CancelledError | None = None
         answers: list[Any]
         try:
@@ -180,12 +203,24 @@ class WriteBatcher:
         except Exception as exc:  # every caller gets the failure (its 503)
             answers = [exc] * len(batch)
         finally:
-            stalled.cancel()
             slot.release()
         for command, answer in zip(batch, answers, strict=True):
             _answer(command, answer)
         if cancelled is not None:
             raise cancelled
+
+    def _release_stalled(self) -> None:
+        """Give back the places of statements in flight for STALL_SECONDS or more (and forget the ones
+        that ended); the timer is set again for the oldest left."""
+        self._stall_watch = None
+        now = asyncio.get_running_loop().time()
+        slots = self._slots
+        while slots and (not slots[0].held or slots[0].started + STALL_SECONDS <= now):
+            slots.popleft().release()
+        if slots:
+            self._stall_watch = asyncio.get_running_loop().call_at(
+                slots[0].started + STALL_SECONDS, self._release_stalled
+            )
 
     async def _execute(self, batch: Sequence[_Command], slot: _Slot) -> list[Any]:
         self.counts.statements += 1
@@ -240,8 +275,11 @@ class _Slot:
     for STALL_SECONDS (a statement waiting for a lock must not hold back the calls queued behind it),
     or when its batch failed and its commands go on alone."""
 
-    def __init__(self, batcher: WriteBatcher) -> None:
+    __slots__ = ("batcher", "held", "started")
+
+    def __init__(self, batcher: WriteBatcher, started: float) -> None:
         self.batcher = batcher
+        self.started = started  # loop time
         self.held = True
 
     def release(self) -> None:
