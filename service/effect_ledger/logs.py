@@ -79,15 +79,17 @@ def summary_enabled(level: int) -> bool:
 
 
 def write_summary(
-    level: int, fields: dict[str, Any], untrusted: tuple[str, ...], context: dict[str, Any] | None = None
+    level: int,
+    event: str,
+    fields: dict[str, Any],
+    untrusted: tuple[str, ...],
+    context: dict[str, Any] | None = None,
 ) -> None:
     """One request summary line in a single pass: the same JSON object the structlog chain writes
-    (the bound context, `level`, `timestamp`, redacted), built directly. Only the fields named in
-    `untrusted` (and every context value) can carry caller text, so only they go through redaction;
-    the others are controlled (route templates, methods, statuses, codes, durations).
-    For people (the console renderer), the line takes the ordinary structlog path."""
-    name = "info" if level >= logging.INFO else "debug"
-    event = fields.pop("event")
+    (the fields, the bound context, `event`, `level`, `timestamp`, redacted), built directly. Only the
+    fields named in `untrusted` (and every context value) can carry caller text, so only they go
+    through redaction; the others are controlled (route templates, methods, statuses, codes,
+    durations). For people (the console renderer), the line takes the ordinary structlog path."""
     if not LINES.json:
         logger = structlog.get_logger("effect_ledger.http")
         (logger.info if level >= logging.INFO else logger.debug)(event, **fields)
@@ -101,10 +103,11 @@ def write_summary(
         if key not in fields:
             fields[key] = value if value is None or isinstance(value, int | float) else redact_value(value)
     fields["event"] = event
-    fields["level"] = name
+    fields["level"] = "info" if level >= logging.INFO else "debug"
     fields["timestamp"] = _STAMP.now()
-    STDOUT.write(_ENCODER.encode(fields).decode("utf-8") + "\n")
-    STDOUT.flush()
+    out = sys.stdout  # as it is now (see _CurrentStdout)
+    out.write(_ENCODER.encode(fields).decode("utf-8") + "\n")
+    out.flush()
 
 
 class _Stamp:

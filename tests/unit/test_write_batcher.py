@@ -42,7 +42,7 @@ class Pool:
         self.written: list[str] = []
 
     @asynccontextmanager
-    async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109 - asyncpg.Pool.acquire's own signature
         yield Conn(self)
 
 

@@ -244,6 +244,7 @@ class RequestTelemetry:
         context = structlog.contextvars.get_contextvars()
         write_summary(
             level,
+            "request",
             {
                 "request_id": request_id,
                 "outcome": context.get("outcome"),  # a bounded category (LedgerTelemetry)
@@ -255,7 +256,6 @@ class RequestTelemetry:
                 "principal": getattr(caller, "principal", None),
                 "operation_id": _operation_id(scope),
                 "duration_ms": round((ended - started) * 1000, 3),
-                "event": "request",
             },
             _UNTRUSTED_WITH_ID if chosen else _UNTRUSTED,
             context,
