@@ -88,7 +88,7 @@ async def send_json(
     """One JSON answer: the two ASGI messages, headers as Litestar writes them (lower-case names);
     through the request's Exchange (http.telemetry) when there is one, which adds the request ID."""
     body = _ENCODE(content)
-    exchange: Exchange | None = scope.get(EXCHANGE_KEY)
+    exchange: Exchange | None = scope.get(EXCHANGE_KEY)  # type: ignore[assignment]  # set by RequestTelemetry
     if exchange is not None:
         await exchange.answer(status, headers, body)
         return
