@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,15 +79,17 @@ def summary_enabled(level: int) -> bool:
 
 
 def write_summary(
-    level: int, fields: dict[str, Any], untrusted: tuple[str, ...], context: dict[str, Any] | None = None
+    level: int,
+    event: str,
+    fields: dict[str, Any],
+    untrusted: tuple[str, ...],
+    context: dict[str, Any] | None = None,
 ) -> None:
     """One request summary line in a single pass: the same JSON object the structlog chain writes
-    (the bound context, `level`, `timestamp`, redacted), built directly. Only the fields named in
-    `untrusted` (and every context value) can carry caller text, so only they go through redaction;
-    the others are controlled (route templates, methods, statuses, codes, durations).
-    For people (the console renderer), the line takes the ordinary structlog path."""
-    name = "info" if level >= logging.INFO else "debug"
-    event = fields.pop("event")
+    (the fields, the bound context, `event`, `level`, `timestamp`, redacted), built directly. Only the
+    fields named in `untrusted` (and every context value) can carry caller text, so only they go
+    through redaction; the others are controlled (route templates, methods, statuses, codes,
+    durations). For people (the console renderer), the line takes the ordinary structlog path."""
     if not LINES.json:
         logger = structlog.get_logger("effect_ledger.http")
         (logger.info if level >= logging.INFO else logger.debug)(event, **fields)
@@ -100,10 +103,31 @@ def write_summary(
         if key not in fields:
             fields[key] = value if value is None or isinstance(value, int | float) else redact_value(value)
     fields["event"] = event
-    fields["level"] = name
-    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    STDOUT.write(_ENCODER.encode(fields).decode("utf-8") + "\n")
-    STDOUT.flush()
+    fields["level"] = "info" if level >= logging.INFO else "debug"
+    fields["timestamp"] = _STAMP.now()
+    out = sys.stdout  # as it is now (see _CurrentStdout)
+    out.write(_ENCODER.encode(fields).decode("utf-8") + "\n")
+    out.flush()
+
+
+class _Stamp:
+    """The summary line's timestamp, `datetime.now(UTC).isoformat()` with `Z` for `+00:00`, its
+    date-and-second part built once per second (isoformat costs more than the rest of the line)."""
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.prefix = ""
+
+    def now(self) -> str:
+        second, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
+        if second != self.second:
+            self.prefix = datetime.fromtimestamp(second, UTC).isoformat()[:-6]  # without +00:00
+            self.second = second
+        micro = nanoseconds // 1000  # datetime.now floors to the microsecond too
+        return f"{self.prefix}.{micro:06d}Z" if micro else f"{self.prefix}Z"  # isoformat omits .000000
+
+
+_STAMP = _Stamp()
 
 
 def configure_logging(level: str = "info", log_format: str = "auto") -> None:

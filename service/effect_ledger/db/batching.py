@@ -54,14 +54,29 @@ BATCH_LOCK_TIMEOUT = "50ms"
 BATCHED = frozenset({"run_claim", "run_submit", "run_heartbeat", "run_complete"})
 
 
-@dataclass(eq=False)
 class _Command:
-    query: str  # the single statement's catalogue name
-    args: tuple[Any, ...]  # its parameters: $1 is the tenant, $2 the operation ID
-    ticket: int | None  # its admission ticket, while it waits
-    future: asyncio.Future[Any]
-    taken: bool = False  # a statement carrying it has started
-    connected: bool = False  # that statement has its connection (the admission's wait is over)
+    """One call of `WriteBatcher.run`, from the queue to its answer (a plain slotted class: one is
+    built per request)."""
+
+    __slots__ = ("answered", "args", "connected", "deadline", "future", "query", "settled", "taken", "ticket")
+
+    def __init__(
+        self,
+        query: str,
+        args: tuple[Any, ...],
+        ticket: int | None,
+        future: asyncio.Future[Any],
+        deadline: float,
+    ) -> None:
+        self.query = query  # the single statement's catalogue name
+        self.args = args  # its parameters: $1 is the tenant, $2 the operation ID
+        self.ticket = ticket  # its admission ticket, while it waits
+        self.future = future  # its answer (the caller awaits it)
+        self.deadline = deadline  # (loop time) until when it may wait to be sent
+        self.taken = False  # a statement carrying it has started
+        self.connected = False  # that statement has its connection (the admission's wait is over)
+        self.answered = False  # the statement carrying it is over (answered, or failed)
+        self.settled: asyncio.Future[None] | None = None  # a cancelled caller waits here for that end
 
     def connect(self, admission: Any) -> None:
         if not self.connected:
@@ -94,39 +109,64 @@ class WriteBatcher:
     _waiting: deque[_Command] = field(default_factory=deque)
     _inflight: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # One timer for the queue's acquire timeouts, one for the in-flight statements' stall release
+    # (each set for the oldest: both queues are in time order), instead of one timer per call.
+    _expiry: asyncio.TimerHandle | None = None
+    _slots: deque[_Slot] = field(default_factory=deque)  # in-flight statements, oldest first
+    _stall_watch: asyncio.TimerHandle | None = None
 
     async def run(self, query: str, args: tuple[Any, ...]) -> Any:
-        """The row of one write-path call (the single statement's row), sent alone or in a batch."""
+        """The row of one write-path call (the single statement's row), sent alone or in a batch.
+
+        Per call: one future (no asyncio.wait or shield, no timer: they cost a waiter future, a timer
+        and callbacks on every request). A cancelled caller whose call was sent waits for the
+        statement's end (pools._to_the_end), then is cancelled."""
         tenant = args[0]
-        ticket = self.admission.enter(tenant) if self.admission is not None else None
-        command = _Command(query, args, ticket, asyncio.get_running_loop().create_future())
+        admission = self.admission
+        ticket = admission.enter(tenant) if admission is not None else None
+        loop = asyncio.get_running_loop()
+        # waiting to be sent is waiting for a connection: bounded like it (_expire_due)
+        command = _Command(query, args, ticket, loop.create_future(), loop.time() + self.acquire_timeout)
         try:
             self._waiting.append(command)
             self._start()
+            if not command.taken and self._expiry is None:
+                self._expiry = loop.call_at(command.deadline, self._expire_due)
             try:
-                # waiting to be sent is waiting for a connection: bounded like the pool's acquire
-                done, _ = await asyncio.wait({command.future}, timeout=self.acquire_timeout)
-                if not done and not command.taken:
-                    self._waiting.remove(command)
-                    raise TimeoutError("no write slot within the acquire timeout")
-                return await asyncio.shield(command.future)
+                return await command.future
             except asyncio.CancelledError:
                 if not command.taken:  # never sent: it leaves the queue and nothing was written
                     self._waiting.remove(command)
                     raise
-                # sent: the write runs to its end (pools._to_the_end), then the cancellation goes on
-                await asyncio.wait({command.future})
+                if not command.answered:  # sent: the write runs to its end, then the cancellation goes on
+                    command.settled = loop.create_future()
+                    await command.settled
                 raise
         finally:
-            if self.admission is not None:
-                command.connect(self.admission)  # (never connected: its wait ends here)
-                self.admission.leave(tenant)
+            if admission is not None:
+                command.connect(admission)  # (never connected: its wait ends here)
+                admission.leave(tenant)
+
+    def _expire_due(self) -> None:
+        """The acquire timeout of the calls still queued, oldest first: each leaves the queue and its
+        caller gets the error; the timer is set again for the next oldest (the queue is in arrival
+        order, hence in deadline order)."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = self._waiting
+        while waiting and waiting[0].deadline <= now:
+            command = waiting.popleft()
+            if not command.future.done():
+                command.future.set_exception(TimeoutError("no write slot within the acquire timeout"))
+        if waiting:
+            self._expiry = loop.call_at(waiting[0].deadline, self._expire_due)
 
     def _start(self) -> None:
         while self._inflight < self.limit and self._waiting:
             batch = self._take()
             self._inflight += 1
-            task = asyncio.ensure_future(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -148,8 +188,11 @@ class WriteBatcher:
         return batch
 
     async def _send(self, batch: list[_Command]) -> None:
-        slot = _Slot(self)
-        stalled = asyncio.get_running_loop().call_later(STALL_SECONDS, slot.release)
+        loop = asyncio.get_running_loop()
+        slot = _Slot(self, loop.time())
+        self._slots.append(slot)
+        if self._stall_watch is None:
+            self._stall_watch = loop.call_at(slot.started + STALL_SECONDS, self._release_stalled)
         cancelled: asyncio.CancelledError | None = None
         answers: list[Any]
         try:
@@ -160,12 +203,24 @@ class WriteBatcher:
         except Exception as exc:  # every caller gets the failure (its 503)
             answers = [exc] * len(batch)
         finally:
-            stalled.cancel()
             slot.release()
         for command, answer in zip(batch, answers, strict=True):
             _answer(command, answer)
         if cancelled is not None:
             raise cancelled
+
+    def _release_stalled(self) -> None:
+        """Give back the places of statements in flight for STALL_SECONDS or more (and forget the ones
+        that ended); the timer is set again for the oldest left."""
+        self._stall_watch = None
+        now = asyncio.get_running_loop().time()
+        slots = self._slots
+        while slots and (not slots[0].held or slots[0].started + STALL_SECONDS <= now):
+            slots.popleft().release()
+        if slots:
+            self._stall_watch = asyncio.get_running_loop().call_at(
+                slots[0].started + STALL_SECONDS, self._release_stalled
+            )
 
     async def _execute(self, batch: Sequence[_Command], slot: _Slot) -> list[Any]:
         self.counts.statements += 1
@@ -204,7 +259,10 @@ class WriteBatcher:
 
 
 def _answer(command: _Command, answer: Any) -> None:
-    if command.future.done():
+    command.answered = True
+    if command.settled is not None and not command.settled.done():
+        command.settled.set_result(None)
+    if command.future.done():  # its caller was cancelled (or timed out) meanwhile
         return
     if isinstance(answer, BaseException):
         command.future.set_exception(answer)
@@ -217,8 +275,11 @@ class _Slot:
     for STALL_SECONDS (a statement waiting for a lock must not hold back the calls queued behind it),
     or when its batch failed and its commands go on alone."""
 
-    def __init__(self, batcher: WriteBatcher) -> None:
+    __slots__ = ("batcher", "held", "started")
+
+    def __init__(self, batcher: WriteBatcher, started: float) -> None:
         self.batcher = batcher
+        self.started = started  # loop time
         self.held = True
 
     def release(self) -> None:

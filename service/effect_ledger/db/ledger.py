@@ -35,7 +35,7 @@ from effect_ledger.domain.errors import (
     validation_failed,
 )
 from effect_ledger.domain.model import Binding, EventDraft, Operation
-from effect_ledger.domain.outcomes import REFUSALS, OutcomeCode, refusal_for
+from effect_ledger.domain.outcomes import REFUSALS, OutcomeCode, outcome_code, refusal_for
 from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.tokens import SALT_BYTES, TOKEN_BYTES, encode_token, seal, token_hash, unseal
 from effect_ledger.domain.transitions import Report
@@ -143,7 +143,7 @@ _APPROVAL_DETAIL = {
 def _settle(ledger: Ledger, call: str, row: Mapping[str, Any], binding: Binding | None = None) -> Outcome:
     """The answer to a write-path call from the function's outcome and row (refusals built from them).
     The observer hears the verdict of a claim, the operation's status afterwards, or the refusal's code."""
-    code = OutcomeCode(row["outcome"])
+    code = outcome_code(row["outcome"])
     if code is OutcomeCode.NOT_FOUND:
         ledger.observer.observe(call, code, ())
         return Outcome(code, None, Refusal(code, "No such operation."))
@@ -211,7 +211,7 @@ async def claim(
         req.effect_ref,
         None if approval_ask is None else dict(approval_ask),
     )
-    verdict = OutcomeCode(row["outcome"])
+    verdict = outcome_code(row["outcome"])
     if verdict is OutcomeCode.VANISHED:  # purged three times between our insert and our read: retryable
         raise DatabaseUnavailable("claim", "OperationVanished")
     if verdict in APPROVAL_REFUSALS:  # no operation created or changed; the gate's request is the answer

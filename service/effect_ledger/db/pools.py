@@ -59,6 +59,7 @@ UNSTORABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CharacterNotInRepertoireError,
     asyncpg.exceptions.UntranslatableCharacterError,
 )
+_DRIVER_FAILURES = (*UNAVAILABLE, *UNSTORABLE)
 
 
 def _encode_json(value: Any) -> str:
@@ -411,11 +412,16 @@ def translated(phase: str) -> Iterator[None]:
     """Translate driver failures once: unreachable or overloaded -> 503, unstorable values -> 422."""
     try:
         yield
-    except UNAVAILABLE as exc:
-        raise DatabaseUnavailable(phase, type(exc).__name__) from exc
-    except UNSTORABLE as exc:
-        # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
-        raise validation_failed([("body", "contains a character the ledger cannot store (U+0000)")]) from exc
+    except _DRIVER_FAILURES as exc:
+        raise _translation(phase, exc) from exc
+
+
+def _translation(phase: str, exc: BaseException) -> Exception:
+    """What a failure in UNAVAILABLE or UNSTORABLE is answered as (see `translated`)."""
+    if isinstance(exc, UNAVAILABLE):
+        return DatabaseUnavailable(phase, type(exc).__name__)
+    # valid JSON, but PostgreSQL text and jsonb cannot hold it (U+0000): the caller's value, not a fault
+    return validation_failed([("body", "contains a character the ledger cannot store (U+0000)")])
 
 
 async def _on_citus(pool: asyncpg.Pool) -> bool:
@@ -435,12 +441,28 @@ async def run_write(
     batcher = _BATCHERS.get(id(pool))
     if batcher is None:
         return await run_statement(pool, args[0], acquire_timeout, phase, sql(query), *args)
-    with tracing.database_span(phase) as span, translated(phase):
+    if not tracing.active():
+        return await _batched(pool, batcher, phase, query, args)
+    with tracing.database_span(phase) as span:
         if batcher.admission is not None:
             tracing.set_attributes(span, {"effect_ledger.db.pool": batcher.admission.name})
-        async with _following(pool):
+        return await _batched(pool, batcher, phase, query, args)
+
+
+async def _batched(
+    pool: asyncpg.Pool, batcher: WriteBatcher, phase: str, query: str, args: tuple[Any, ...]
+) -> asyncpg.Record | None:
+    """batcher.run with `_following` and `translated` written out (one try, not two context managers
+    on every write): a lost server is reported to the pool's watch, then every failure translated."""
+    try:
+        try:
             row: asyncpg.Record | None = await batcher.run(query, args)
-            return row
+        except failover.SERVER_LOST as exc:
+            await failover.server_lost(pool, exc)
+            raise
+    except _DRIVER_FAILURES as exc:
+        raise _translation(phase, exc) from exc
+    return row
 
 
 async def run_statement(

@@ -45,6 +45,16 @@ class OutcomeCode(StrEnum):
     APPROVAL_DENIED = "approval_denied"
 
 
+_BY_WORD = {code.value: code for code in OutcomeCode}
+
+
+def outcome_code(word: str) -> OutcomeCode:
+    """`OutcomeCode(word)` by one dict lookup (the enum's own constructor costs several times more,
+    on every write); an unknown word raises the same ValueError."""
+    code = _BY_WORD.get(word)
+    return OutcomeCode(word) if code is None else code
+
+
 REFUSALS = frozenset(
     {
         OutcomeCode.NOT_FOUND,

@@ -48,6 +48,8 @@ def is_sensitive_key(name: str) -> bool:
 
 def redact_value(value: object, depth: int = 0) -> object:
     """Return a copy of value with secret-named fields and credential-shaped strings masked."""
+    if type(value) is str:  # the common case first: log lines are mostly plain strings
+        return _redact_text(value)
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):

@@ -48,10 +48,17 @@ def seal(raw: bytes, nonce: str, tenant: str, operation_id: str, salt: bytes) ->
     """The salt, then the token XOR a pad only the nonce's holder can rebuild: a lost answer can be
     replayed, and the token itself is never stored. The random salt (one per granted attempt) makes
     every attempt's pad different without the attempt number, which only the database knows."""
-    return salt + bytes(a ^ b for a, b in zip(raw, _pad(nonce, tenant, operation_id, salt), strict=True))
+    return salt + _xor(raw, _pad(nonce, tenant, operation_id, salt))
 
 
 def unseal(sealed: bytes, nonce: str, tenant: str, operation_id: str) -> bytes:
     """Inverse of seal (XOR with the same pad)."""
     salt, body = sealed[:SALT_BYTES], sealed[SALT_BYTES:]
-    return bytes(a ^ b for a, b in zip(body, _pad(nonce, tenant, operation_id, salt), strict=True))
+    return _xor(body, _pad(nonce, tenant, operation_id, salt))
+
+
+def _xor(data: bytes, pad: bytes) -> bytes:
+    """`data` XOR `pad` (equal lengths), byte for byte; as integers, not a generator over the bytes."""
+    if len(data) != len(pad):
+        raise ValueError("data and pad differ in length")
+    return (int.from_bytes(data) ^ int.from_bytes(pad)).to_bytes(len(data))

@@ -171,7 +171,7 @@ ADMITTED_KEY = "effect_ledger.admitted"  # the rate limit was charged already (h
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str:
     """The bearer token of a request's raw ASGI headers, or 401 (the first Authorization header counts)."""
     for name, value in headers:
-        if name == b"authorization" or name.lower() == b"authorization":
+        if len(name) == 13 and (name == b"authorization" or name.lower() == b"authorization"):
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()

@@ -17,7 +17,7 @@ by the app's own exception handlers, so their incidents are recorded as before.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -38,7 +38,7 @@ from effect_ledger.http.executor import (
 )
 from effect_ledger.http.problems import EXCEPTION_HANDLERS, problem_body, problem_headers
 from effect_ledger.http.schemas import OPERATION_ID, ClaimBody, CompleteBody, HeartbeatBody, SubmitBody
-from effect_ledger.http.telemetry import PROBLEM_CODE_KEY, ROUTE_KEY
+from effect_ledger.http.telemetry import EXCHANGE_KEY, PROBLEM_CODE_KEY, ROUTE_KEY, Exchange
 
 PREFIX = "/v1/operations/"
 _JSON = (b"content-type", b"application/json")
@@ -53,6 +53,10 @@ class Route:
     template: str
     body: type[msgspec.Struct]
     run: Callable[[Any, Ledger, Any, str, Any], Awaitable[Reply]]
+    decode: Callable[[bytes], Any] = field(init=False)  # the body's strict decoder, built once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode", msgspec.json.Decoder(self.body).decode)
 
 
 _TEMPLATE = OPERATION_PATH.replace("{operation_id:str}", "{operation_id}")
@@ -78,19 +82,39 @@ def match(scope: Scope) -> tuple[Route, str] | None:
     return route, operation_id
 
 
-async def send_json(send: Send, status: int, content: Any, headers: list[tuple[bytes, bytes]]) -> None:
-    """One JSON answer: the two ASGI messages, headers as Litestar writes them (lower-case names)."""
+async def send_json(
+    scope: Scope, send: Send, status: int, content: Any, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """One JSON answer: the two ASGI messages, headers as Litestar writes them (lower-case names);
+    through the request's Exchange (http.telemetry) when there is one, which adds the request ID."""
     body = _ENCODE(content)
+    exchange: Exchange | None = scope.get(EXCHANGE_KEY)  # type: ignore[assignment]  # set by RequestTelemetry
+    if exchange is not None:
+        await exchange.answer(status, headers, body)
+        return
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_problem(send: Send, error: LedgerError) -> None:
+async def send_problem(scope: Scope, send: Send, error: LedgerError) -> None:
     """The problem+json answer of `error`, exactly as http.problems.problem_response builds it."""
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in problem_headers(error).items()]
+    headers = [(_header_name(k), v.encode("latin-1")) for k, v in problem_headers(error).items()]
     headers.append(_PROBLEM)
-    await send_json(send, error.status, problem_body(error), headers)
+    await send_json(scope, send, error.status, problem_body(error), headers)
+
+
+# Header names as Litestar writes them (lower-case bytes); the few the executor calls use, kept.
+_HEADER_NAMES: dict[str, bytes] = {}
+
+
+def _header_name(name: str) -> bytes:
+    encoded = _HEADER_NAMES.get(name)
+    if encoded is None:
+        encoded = name.lower().encode("latin-1")
+        if len(_HEADER_NAMES) < 64:  # the service's own names; bounded all the same
+            _HEADER_NAMES[name] = encoded
+    return encoded
 
 
 def _replaying(chunks: list[bytes], more: bool, receive: Receive) -> Receive:
@@ -128,7 +152,7 @@ class ExecutorFastPath:
             caller = admit(scope, state, (EXECUTE,))
         except LedgerError as refused:  # 401, 403, 429: before the body is read or anything routed
             scope[PROBLEM_CODE_KEY] = refused.code  # type: ignore[literal-required]  # the summary line's code
-            await send_problem(send, await paced(scope, state, refused))  # a flood's 429 is held first
+            await send_problem(scope, send, await paced(scope, state, refused))  # a flood's 429 is held first
             return
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
         chunks, more = await self._read(scope, receive)
@@ -141,16 +165,15 @@ class ExecutorFastPath:
             reply = await route.run(state, state.ledger, caller, operation_id, data)
         except LedgerError as error:
             scope[PROBLEM_CODE_KEY] = error.code  # type: ignore[literal-required]
-            await send_problem(send, error)
+            await send_problem(scope, send, error)
             return
         except Exception as exc:  # the app's handlers record the incident
             await self._fail(scope, receive, send, exc)
             return
-        headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (reply.headers or {}).items()
-        ]
+        extra = reply.headers
+        headers = [(_header_name(k), v.encode("latin-1")) for k, v in extra.items()] if extra else []
         headers.append(_JSON)
-        await send_json(send, reply.status, reply.content, headers)
+        await send_json(scope, send, reply.status, reply.content, headers)
 
     async def _read(self, scope: Scope, receive: Receive) -> tuple[list[bytes], bool]:
         """The body's chunks; `more` when it stopped early (over the limit, or a disconnect)."""
@@ -175,7 +198,7 @@ class ExecutorFastPath:
         if not body or len(body) > self.max_body_bytes:
             return None
         try:
-            return msgspec.json.decode(body, type=route.body)
+            return route.decode(body)
         except (msgspec.DecodeError, RecursionError):
             return None
 

@@ -82,6 +82,13 @@ _SERIES_REMEMBERED = 1024
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def _event_shape(event: EventDraft) -> tuple[str, str | None, str | None, bool]:
+    """What decides the series an event increments (Metrics._event_series): bounded values only."""
+    kind = event.kind
+    conflicting = kind == "discrepancy" and event.data.get("source") == "resolve"
+    return kind, event.from_status, event.to_status, conflicting
+
+
 def multiprocess_dir() -> str | None:
     """The shared metrics directory of a multi-process server, if there is one."""
     return os.environ.get(MULTIPROC_ENV) or None
@@ -264,45 +271,64 @@ class Metrics:
         self._pools: dict[str, asyncpg.Pool] = {}
         self._multiprocess = multiprocess_dir() is not None
         self._request_series: dict[tuple[str, str, int], Any] = {}
+        self._decisions: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # Metrics.observe's series
         self._limited_series: dict[str, Any] = {}
         self._pools_published = 0.0
 
     # --- the ledger observer (db.ledger.LedgerObserver) -------------------------------------
 
     def observe(self, call: str, outcome: str, events: Sequence[EventDraft]) -> None:
-        """Count one ledger decision and the events it committed."""
+        """Count one ledger decision and the events it committed. The series one kind of decision
+        increments (its call, outcome and events' kinds and statuses) are looked up once per worker:
+        prometheus_client's labels() costs more than the increment."""
+        key = (call, outcome, *map(_event_shape, events))
+        series = self._decisions.get(key)
+        if series is None:
+            series = self._decision_series(call, outcome, events)
+            if len(self._decisions) < _SERIES_REMEMBERED:  # calls, outcomes and event shapes are bounded
+                self._decisions[key] = series
+        for counter in series:
+            counter.inc()
+
+    def _decision_series(self, call: str, outcome: str, events: Sequence[EventDraft]) -> tuple[Any, ...]:
+        """The series `observe` increments for one decision, in order."""
+        series: list[Any] = []
         if call == "claim":
             result = CLAIM_RESULTS.get(outcome)
             if result is not None:
-                self.claims.labels(result).inc()
+                series.append(self.claims.labels(result))
                 if result in ATTEMPT_KINDS:
-                    self.claim_attempts.labels(ATTEMPT_KINDS[result], result).inc()
+                    series.append(self.claim_attempts.labels(ATTEMPT_KINDS[result], result))
         elif outcome in PROBLEMS:
-            self.refusals.labels(call, outcome).inc()
+            series.append(self.refusals.labels(call, outcome))
         for event in events:
-            self._count_event(call, event)
+            series.extend(self._event_series(call, event))
+        return tuple(series)
 
     def approval_event(self, kind: str) -> None:
         """Count one committed approval event (db.approvals.ApprovalObserver)."""
         self.approvals.labels(kind).inc()
 
-    def _count_event(self, call: str, event: EventDraft) -> None:
+    def _event_series(self, call: str, event: EventDraft) -> list[Any]:
+        """The series one committed event increments (everything `_event_shape` names decides them)."""
+        series: list[Any] = []
         source, target = event.from_status, event.to_status
         if target is not None and source != target:
-            self.transitions.labels(source or "none", target).inc()
+            series.append(self.transitions.labels(source or "none", target))
         if target == UNKNOWN and source != UNKNOWN:
             cause = "lease_expired" if event.kind == "lease_expired" else "reported"
-            self.unknown_recorded.labels(cause).inc()
+            series.append(self.unknown_recorded.labels(cause))
         if source == UNKNOWN and target in TERMINAL:
-            self.unknown_resolved.labels(target).inc()
+            series.append(self.unknown_resolved.labels(target))
         if event.kind == "lease_expired":
-            self.lease_expiries.labels("sweep" if call == "sweep" else "transition").inc()
+            series.append(self.lease_expiries.labels("sweep" if call == "sweep" else "transition"))
         if event.kind == "resolved" and target is not None:
-            self.reconciliations.labels(target).inc()
+            series.append(self.reconciliations.labels(target))
         elif event.kind == "reconcile_unresolved":
-            self.reconciliations.labels("unresolved").inc()
+            series.append(self.reconciliations.labels("unresolved"))
         elif event.kind == "discrepancy" and event.data.get("source") == "resolve":
-            self.reconciliations.labels("conflicting").inc()
+            series.append(self.reconciliations.labels("conflicting"))
+        return series
 
     # --- requests and pools -----------------------------------------------------------------
 

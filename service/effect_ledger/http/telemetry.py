@@ -6,12 +6,13 @@ handlers), so 404s, 405s and problem answers get the header and the log line as 
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
 import re
-import secrets
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import structlog
@@ -25,6 +26,7 @@ from effect_ledger.http.problems import PROBLEM_JSON, problem_body
 from effect_ledger.logs import summary_enabled, write_summary
 
 REQUEST_ID_HEADER = b"x-request-id"
+_REQUEST_ID_LENGTH = len(REQUEST_ID_HEADER)
 # A caller's request ID is kept only if it is short and harmless to log and to echo in a header.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 # Probes and scrapes come every few seconds: their lines are debug, unless they fail.
@@ -32,6 +34,7 @@ QUIET_ROUTES = frozenset({"/livez", "/readyz", "/metrics"})
 UNMATCHED = "unmatched"
 ROUTE_KEY = "effect_ledger.route"  # the template of a route served before routing (http.fastpath)
 PROBLEM_CODE_KEY = "effect_ledger.problem_code"  # the code of a problem answered before routing
+EXCHANGE_KEY = "effect_ledger.exchange"  # the request's Exchange (http.fastpath answers through it)
 _MAX_OPERATION_ID = 200
 _MAX_PROBLEM_BYTES = 64 * 1024
 
@@ -50,22 +53,74 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
 def request_id_chosen(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, bool]:
     """request_id_from's ID, and True when the caller chose it (its text is then screened in logs)."""
     for name, value in headers:
-        if name.lower() == REQUEST_ID_HEADER:
+        if len(name) == _REQUEST_ID_LENGTH and name.lower() == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
             if _SAFE_REQUEST_ID.fullmatch(text):
                 return text, True
             break
-    return secrets.token_hex(16), False  # 32 hex digits, as a uuid4's hex, without building the UUID
+    return os.urandom(16).hex(), False  # 32 hex digits (secrets.token_hex(16)), without building a UUID
 
 
-@dataclass
-class _Exchange:
-    """What the response said, as far as the summary line needs it."""
+class Exchange:
+    """One request's answer as the summary line needs it (status, problem code source, end time), and
+    the two ways to send it: `send`, the wrapper every ASGI answer goes through (it adds the request ID
+    header), and `answer`, for an answer the service builds itself (http.fastpath), which passes the
+    same two messages on without looking them over again."""
 
-    status: int | None = None
-    problem: bool = False
-    body: bytes = b""
-    finished: float | None = None
+    __slots__ = ("_send", "body", "finished", "header", "problem", "status")
+
+    def __init__(self, send: Send, header: tuple[bytes, bytes]) -> None:
+        self._send = send
+        self.header = header  # (x-request-id, the request's ID)
+        self.status: int | None = None
+        self.problem = False
+        self.body = b""
+        self.finished: float | None = None
+
+    async def send(self, message: Message) -> None:
+        """Pass an ASGI message on: the request ID header replaces any other; a problem's body is kept
+        (bounded) for its code; the answer's end is the moment its last body message is sent."""
+        if message["type"] == "http.response.start":
+            headers = []
+            for name, value in message.get("headers", ()):
+                lowered = name.lower()
+                if lowered == REQUEST_ID_HEADER:
+                    continue  # ours replaces any other
+                if lowered == b"content-type":
+                    self.problem = value.startswith(_PROBLEM_TYPE)
+                headers.append((name, value))
+            headers.append(self.header)
+            self.status = message["status"]
+            message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body":
+            if self.problem and len(self.body) < _MAX_PROBLEM_BYTES:
+                self.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                self.finished = time.perf_counter()
+        await self._send(message)
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole answer built by the service: `headers` (lower-case names, no content-length, no
+        request ID) then `body`, as the two messages `send` would have passed on. A problem answer's
+        code is in the scope (PROBLEM_CODE_KEY), so its body is not kept."""
+        headers.append((b"content-length", str(len(body)).encode()))
+        headers.append(self.header)
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        self.finished = time.perf_counter()
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _context_var(key: str) -> contextvars.ContextVar[Any]:
+    """The ContextVar structlog binds `key` in (bind_contextvars creates it once and keeps it): set
+    directly, a request's bindings cost a C call instead of structlog's loop over keywords."""
+    token = structlog.contextvars.bind_contextvars(**{key: Ellipsis})[key]
+    token.var.reset(token)
+    return token.var
+
+
+_REQUEST_ID_VAR = _context_var("request_id")
+_OUTCOME_VAR = _context_var("outcome")
 
 
 class LedgerTelemetry:
@@ -78,7 +133,7 @@ class LedgerTelemetry:
         """Count the decision; name `outcome` in the request's summary line and its span."""
         self.metrics.observe(call, outcome, events)
         category = CLAIM_RESULTS.get(outcome, outcome) if call == "claim" else outcome
-        structlog.contextvars.bind_contextvars(outcome=category)
+        _OUTCOME_VAR.set(category)  # structlog.contextvars.bind_contextvars(outcome=category), directly
         if tracing.active():
             tracing.annotate_current(span_facts(call, outcome, category, events))
 
@@ -131,45 +186,27 @@ class RequestTelemetry:
             return
         started = time.perf_counter()
         request_id, chosen = request_id_chosen(scope["headers"])
-        exchange = _Exchange()
-        header = (REQUEST_ID_HEADER, request_id.encode("latin-1"))
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = []
-                for name, value in message.get("headers", ()):
-                    lowered = name.lower()
-                    if lowered == REQUEST_ID_HEADER:
-                        continue  # ours replaces any other
-                    if lowered == b"content-type":
-                        exchange.problem = value.startswith(_PROBLEM_TYPE)
-                    headers.append((name, value))
-                headers.append(header)
-                exchange.status = message["status"]
-                message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body":
-                if exchange.problem and len(exchange.body) < _MAX_PROBLEM_BYTES:
-                    exchange.body += message.get("body", b"")
-                if not message.get("more_body", False):
-                    exchange.finished = time.perf_counter()
-            await send(message)
-
-        # outcome=None first, so that the value a handler binds is reset with request_id afterwards.
-        tokens = structlog.contextvars.bind_contextvars(request_id=request_id, outcome=None)
+        exchange = Exchange(send, (REQUEST_ID_HEADER, request_id.encode("latin-1")))
+        scope[EXCHANGE_KEY] = exchange  # type: ignore[literal-required]  # for answers the service builds
+        # outcome=None first, so that the value a handler binds is reset with request_id afterwards
+        # (structlog's bind_contextvars / reset_contextvars, on its own variables).
+        request_id_token = _REQUEST_ID_VAR.set(request_id)
+        outcome_token = _OUTCOME_VAR.set(None)
         try:
             if tracing.active():
                 method = str(scope.get("method", ""))
                 method = method if method in METHODS else "other"
                 with tracing.server_span(method, _trace_headers(scope)) as span:
-                    await self._run(scope, receive, send_with_id, exchange)
+                    await self._run(scope, receive, exchange.send, exchange)
                     self._summarise(scope, exchange, started, span, request_id, chosen)
             else:
-                await self._run(scope, receive, send_with_id, exchange)
+                await self._run(scope, receive, exchange.send, exchange)
                 self._summarise(scope, exchange, started, None, request_id, chosen)
         finally:
-            structlog.contextvars.reset_contextvars(**tokens)
+            _OUTCOME_VAR.reset(outcome_token)
+            _REQUEST_ID_VAR.reset(request_id_token)
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send, exchange: _Exchange) -> None:
+    async def _run(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         try:
             await self.app(scope, receive, send)
         except Exception as exc:
@@ -182,7 +219,7 @@ class RequestTelemetry:
     def _summarise(
         self,
         scope: Scope,
-        exchange: _Exchange,
+        exchange: Exchange,
         started: float,
         span: tracing.Span,
         request_id: str,
@@ -207,6 +244,7 @@ class RequestTelemetry:
         context = structlog.contextvars.get_contextvars()
         write_summary(
             level,
+            "request",
             {
                 "request_id": request_id,
                 "outcome": context.get("outcome"),  # a bounded category (LedgerTelemetry)
@@ -218,7 +256,6 @@ class RequestTelemetry:
                 "principal": getattr(caller, "principal", None),
                 "operation_id": _operation_id(scope),
                 "duration_ms": round((ended - started) * 1000, 3),
-                "event": "request",
             },
             _UNTRUSTED_WITH_ID if chosen else _UNTRUSTED,
             context,
@@ -257,7 +294,7 @@ def _operation_id(scope: Scope) -> str | None:
     return value[:_MAX_OPERATION_ID] if isinstance(value, str) else None
 
 
-def _problem_code(exchange: _Exchange) -> str | None:
+def _problem_code(exchange: Exchange) -> str | None:
     try:
         return msgspec.json.decode(exchange.body, type=_Problem).code
     except msgspec.DecodeError:

@@ -1,0 +1,176 @@
+"""db/batching.WriteBatcher without a database: the acquire timeout of queued calls, cancellation
+before and after a call is sent, the stall release, and the admission's bookkeeping afterwards.
+
+The pool is a stand-in whose statements wait for a gate the test opens; the batcher's own rules are
+what is checked (the statements themselves are covered by tests/integration/test_write_batching.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from effect_ledger.db import batching
+from effect_ledger.db.batching import WriteBatcher
+from effect_ledger.db.pools import Admission
+
+
+class Conn:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def fetchrow(self, query: str, *args: Any) -> dict[str, Any]:
+        await self.pool.gate.wait()
+        self.pool.written.append(args[1])
+        return {"operation_id": args[1]}
+
+    async def fetch(self, query: str, lock_timeout: str, order: list[int], *columns: list[Any]) -> list[Any]:
+        await self.pool.gate.wait()
+        ids = columns[1]
+        self.pool.written.extend(ids)
+        return [{"i": k, "operation_id": ids[n]} for n, k in enumerate(order)]
+
+
+class Pool:
+    """Connections whose statements wait until `gate` is set; what they wrote, in order."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.written: list[str] = []
+
+    @asynccontextmanager
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109 - asyncpg.Pool.acquire's own signature
+        yield Conn(self)
+
+
+def batcher(pool: Pool, acquire_timeout: float = 5.0) -> tuple[WriteBatcher, Admission]:
+    admission = Admission("runtime", 10, 100, 60.0)
+    return WriteBatcher(pool, acquire_timeout, 1, 32, admission), admission  # type: ignore[arg-type]
+
+
+def call(b: WriteBatcher, op: str, query: str = "run_heartbeat") -> asyncio.Task[Any]:
+    return asyncio.ensure_future(b.run(query, ("t1", op, b"hash", 30)))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def assert_clean(b: WriteBatcher, admission: Admission) -> None:
+    assert not b._waiting and b._inflight == 0
+    assert admission.queued == 0 and admission._inflight == {}
+
+
+async def test_queued_calls_time_out_each_at_its_own_deadline_in_arrival_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(batching, "STALL_SECONDS", 60.0)  # the held statement keeps its place
+    pool = Pool()
+    b, admission = batcher(pool, acquire_timeout=0.2)
+    held = call(b, "held")  # in flight until the gate opens: the others queue
+    await settle()
+    first = call(b, "first")
+    await asyncio.sleep(0.1)
+    second = call(b, "second")
+    await settle()
+    assert len(b._waiting) == 2
+    await asyncio.sleep(0.13)  # first's deadline (0.2 s) has passed, second's (0.3 s) not yet
+    assert first.done() and not second.done()
+    with pytest.raises(TimeoutError):
+        first.result()
+    assert [c.args[1] for c in b._waiting] == ["second"]
+    with pytest.raises(TimeoutError):
+        await second
+    assert not b._waiting
+    pool.gate.set()
+    assert await held == {"operation_id": "held"}
+    assert pool.written == ["held"]  # the timed-out calls never reached the database
+    assert_clean(b, admission)
+
+
+async def test_a_call_sent_before_its_deadline_waits_for_its_answer_however_long() -> None:
+    pool = Pool()
+    b, admission = batcher(pool, acquire_timeout=0.05)
+    sent = call(b, "sent")
+    await asyncio.sleep(0.15)  # three acquire timeouts: the call was sent, so it is not timed out
+    assert not sent.done()
+    pool.gate.set()
+    assert await sent == {"operation_id": "sent"}
+    assert_clean(b, admission)
+
+
+async def test_a_cancelled_queued_call_leaves_the_queue_and_writes_nothing() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    queued = call(b, "queued")
+    await settle()
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert not b._waiting
+    pool.gate.set()
+    await held
+    assert pool.written == ["held"]
+    assert_clean(b, admission)
+
+
+async def test_a_cancelled_sent_call_waits_for_its_statement_to_end_then_is_cancelled() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    sent = call(b, "sent")
+    await settle()
+    sent.cancel()
+    await asyncio.sleep(0.05)
+    assert not sent.done()  # the write runs to its end (pools._to_the_end): the caller waits for it
+    pool.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await sent
+    assert pool.written == ["sent"]
+    assert_clean(b, admission)
+
+
+async def test_calls_waiting_together_go_in_one_statement_and_each_gets_its_row() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    waiting = [call(b, f"op-{n}") for n in (3, 1, 2)]
+    await settle()
+    pool.gate.set()
+    assert await held == {"operation_id": "held"}
+    assert [(await w)["operation_id"] for w in waiting] == ["op-3", "op-1", "op-2"]
+    assert pool.written == ["held", "op-1", "op-2", "op-3"]  # the batch in the fixed lock order
+    assert (b.counts.statements, b.counts.commands) == (2, 4)
+    assert_clean(b, admission)
+
+
+async def test_a_stalled_statement_gives_its_place_to_the_calls_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(batching, "STALL_SECONDS", 0.05)
+    pool = Pool()
+    b, admission = batcher(pool)
+    first = call(b, "first")
+    await settle()
+    second = call(b, "second", "run_submit")
+    await settle()
+    assert len(b._waiting) == 1  # one statement in flight: the second waits
+    await asyncio.sleep(0.03)
+    assert len(b._waiting) == 1  # not yet stalled
+    await asyncio.sleep(0.05)
+    assert not b._waiting and b._inflight == 1  # the first gave its place; the second went out
+    third = call(b, "third", "run_complete")
+    await settle()
+    assert len(b._waiting) == 1  # the second is in flight, not yet for STALL_SECONDS
+    await asyncio.sleep(0.06)
+    assert not b._waiting  # the second stalled too: the third went out (all three still held)
+    pool.gate.set()
+    assert [(await t)["operation_id"] for t in (first, second, third)] == ["first", "second", "third"]
+    assert not b._slots or all(not slot.held for slot in b._slots)
+    assert_clean(b, admission)
