@@ -35,6 +35,10 @@ class LoopServer:
             lifespan=lifespan,
             access_log=False,
             interface="asgi3",  # a bound method's signature would make uvicorn guess ASGI 2
+            # longer than httpx's 5 s keep-alive expiry, so the client always drops an idle connection
+            # first: with both at 5 s a busy machine let the server close one the client was reusing
+            # (httpx.ReadError in a chaos run at load 9)
+            timeout_keep_alive=60,
         )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
