@@ -381,6 +381,9 @@ class Bench:
         finally:
             await conn.close()
         progress(f"replay: {c.concurrency} executors, {len(ids):,} committed IDs, {c.replay_duration:g} s")
+        if not ids:  # the service rows committed nothing (a machine far too busy): say so, do not crash
+            self.add(Row("3", "replay: claims of committed IDs", "not measured", notes="no committed IDs"))
+            return
         r = await gen.replays(c.concurrency, c.replay_duration, "rep", ids)
         self.add(
             Row(
