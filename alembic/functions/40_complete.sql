@@ -9,7 +9,9 @@
 -- the report repeats it (ledger.same_outcome), else conflicting_outcome with a `discrepancy` event;
 -- unknown reported while pending -> invalid_transition; diagnostics naming another attempt ->
 -- validation_failed (nothing written); unknown reported while unknown -> at most the expiry is
--- recorded (completed, or unchanged); otherwise the outcome is recorded (completed).
+-- recorded (completed, or unchanged); otherwise the outcome is recorded (completed). Committed
+-- without a receipt, or not_applied without a reason, is refused with check_violation (SQLSTATE
+-- 23514, nothing written), as the table check did before migration 0016.
 -- A submitted operation whose lease ran out first gets its `lease_expired` event (unknown), then the report.
 CREATE OR REPLACE FUNCTION ledger.complete(
     tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text,
@@ -96,7 +98,13 @@ BEGIN
         RETURNING * INTO op;
         RETURN;
     END IF;
-    -- Record the reported outcome (the same settlement as ledger.resolve's).
+    -- Record the reported outcome (the same settlement as ledger.resolve's). A committed outcome
+    -- keeps its receipt, a not_applied one its reason (API.md section 6): the rule lives here, not in
+    -- a table check (migration 0016); the service never sends either without (domain.Report).
+    IF (outcome = 'committed' AND receipt IS NULL) OR (outcome = 'not_applied' AND reason IS NULL) THEN
+        RAISE EXCEPTION 'a % outcome needs its %', outcome,
+            CASE outcome WHEN 'committed' THEN 'receipt' ELSE 'reason' END USING ERRCODE = 'check_violation';
+    END IF;
     -- Its event inline, as in ledger.submit (no nested function call on the hot path).
     seq := seq + 1;
     body := ledger.settled_data(outcome, receipt, reason, NULL, incident_id);
