@@ -82,7 +82,8 @@ BEGIN
         END IF;
         -- The new row's chain, hashed before the insert (its head is stored on the row): `claimed` is
         -- seq 1 after the genesis hash, `submitted` seq 2 when asked to submit.
-        claimed_data := '{' || approval_data || substr(ledger.lease_data(lease_end), 2);
+        -- (ledger.lease_data's text, written out: a timestamp's RFC 3339 text needs no JSON escaping)
+        claimed_data := '{' || approval_data || '"lease_expires_at":"' || ledger.ts_text(lease_end) || '"}';
         claimed_hash := ledger.event_hash(genesis, operation_id, 1, now, 'claimed', principal, NULL, 'pending', 1,
                                           claimed_data);
         IF submit THEN

@@ -130,10 +130,10 @@ BEGIN
     VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, cur.attempt, doc, head, digest);
     events := events || ledger.event_json('completed', actor, status, outcome, cur.attempt, doc);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
-    -- routed UPDATE
+    -- routed UPDATE. The receipt and the reason as the event's data parsed them (not parsed again).
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
-        receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
-    recorded_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
+        (doc -> 'receipt') || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    recorded_reason := CASE WHEN outcome = 'not_applied' THEN doc -> 'reason' END;
     UPDATE ledger.operations AS t SET
         status = complete.outcome,
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
