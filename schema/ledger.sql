@@ -1335,9 +1335,11 @@ CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, s
 
 CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (((status)::text = 'committed'::text) AND (feed_position IS NOT NULL));
 
-CREATE INDEX operations_settled ON ledger.operations USING btree (updated_at) WHERE ((status)::text = ANY (ARRAY['committed'::text, 'not_applied'::text]));
+CREATE INDEX operations_purgeable ON ledger.operations USING btree (updated_at) WHERE (((status)::text = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND ((receipt IS NOT NULL) OR (not_applied_reason IS NOT NULL)));
 
 CREATE INDEX operations_submitted_lease ON ledger.operations USING btree (lease_expires_at) WHERE ((status)::text = 'submitted'::text);
+
+CREATE INDEX operations_tombstones ON ledger.operations USING btree (updated_at) WHERE (((status)::text = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND (receipt IS NULL) AND (not_applied_reason IS NULL));
 
 CREATE INDEX operations_unpositioned ON ledger.operations USING btree (tenant_id, resolved_at, operation_id) WHERE (((status)::text = 'committed'::text) AND (feed_position IS NULL));
 

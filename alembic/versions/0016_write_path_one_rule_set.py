@@ -1,5 +1,5 @@
-"""The write-path functions are the one rule set: no second guards in the tables; one terminal-row
-index where there were two (issue 20 item 1, round 4).
+"""The write-path functions are the one rule set: no second guards in the tables (issue 20 item 1,
+round 4).
 
 Every INSERT and UPDATE of `ledger.operations` parsed the cross-column check `operations_outcome_record`
 from its stored text and planned it again (0.26 M instructions per effect cycle, callgrind), and
@@ -15,14 +15,15 @@ tests/integration/test_row_checks.py proves each rule through the functions and 
 keep it. The one-column rules stay domains (0014): they cost nothing on the statements that do not
 assign their column.
 
-`operations_purgeable` and `operations_tombstones` (both on `updated_at`, over terminal rows, split by
-whether the receipt or reason is still there) become one index, `operations_settled`, over every
-terminal row: a completion enters one index fewer to open and plan a predicate for on every
-transition (0.06 M per cycle). The purge's and the tombstone sweep's candidate scans read it in
-`updated_at` order and filter by what they look for (tests/integration/test_query_plans.py).
+The indexes stay as they are. Measured and not done (docs/performance.md, round 4): one index over
+every terminal row in place of `operations_purgeable` and `operations_tombstones` (-0.06 M per
+cycle) would make the purge's candidate scan walk every tombstone first (a tombstone keeps the
+`updated_at` it was purged for, so all of them are older than any row still to purge); the feed's
+index over unpositioned rows too (-0.04 M) would sort the sequencer's whole backlog every batch.
 
 Then the functions are applied again (their files changed with this migration: the claim reads the
-row back only when its insert lost; complete and resolve keep the outcome-record rule).
+row back only when its insert lost; submit and complete lock the row reading only the columns their
+decision needs; complete and resolve keep the outcome-record rule).
 
 Revision ID: 0016
 Revises: 0015
@@ -41,16 +42,11 @@ depends_on = None
 STATEMENTS = (
     "ALTER TABLE ledger.operations DROP CONSTRAINT operations_outcome_record",
     "ALTER TABLE ledger.events DROP CONSTRAINT events_tenant_id_operation_id_fkey",
-    # the purge's and the tombstone sweep's candidates, in the order of their last change
-    """CREATE INDEX operations_settled ON ledger.operations (updated_at)
-    WHERE status IN ('committed', 'not_applied')""",
-    "DROP INDEX ledger.operations_purgeable",
-    "DROP INDEX ledger.operations_tombstones",
 )
 
 
 def upgrade() -> None:
-    """Drop the second guards, merge the two terminal-row indexes, apply the functions again."""
+    """Drop the second guards, apply the functions again."""
     for statement in STATEMENTS:
         execute_script(statement)
     apply_functions()
