@@ -82,7 +82,8 @@ BEGIN
         END IF;
         -- The new row's chain, hashed before the insert (its head is stored on the row): `claimed` is
         -- seq 1 after the genesis hash, `submitted` seq 2 when asked to submit.
-        claimed_data := '{' || approval_data || substr(ledger.lease_data(lease_end), 2);
+        -- (ledger.lease_data's text, written out: a timestamp's RFC 3339 text needs no JSON escaping)
+        claimed_data := '{' || approval_data || '"lease_expires_at":"' || ledger.ts_text(lease_end) || '"}';
         claimed_hash := ledger.event_hash(genesis, operation_id, 1, now, 'claimed', principal, NULL, 'pending', 1,
                                           claimed_data);
         IF submit THEN
@@ -100,12 +101,17 @@ BEGIN
             token_hash, nonce_hash, sealed_token, lease_seconds, lease_end,
             CASE WHEN submit THEN effect_ref END, now, now, CASE WHEN submit THEN now END,
             CASE WHEN submit THEN 2 ELSE 1 END, COALESCE(submitted_hash, claimed_hash))
-        ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING;
-        -- Who won: the row holds our (random) token hash only if our insert made it. Not RETURNING ...
-        -- INTO nor FOUND: on a Citus worker (the call delegated there) the skipped row is still counted.
-        SELECT * INTO op FROM ledger.operations AS o
-        WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
-        CONTINUE WHEN op.tenant_id IS NULL;  -- purged since our insert conflicted: insert again
+        ON CONFLICT ON CONSTRAINT operations_pkey DO NOTHING
+        RETURNING * INTO op;
+        -- Who won: the row holds our (random) token hash only if our insert made it. Not FOUND: on a
+        -- Citus worker (the call delegated there) the skipped row is still counted. An insert that
+        -- conflicted returns no row (op is NULL): read the row that won, without a lock (one
+        -- statement fewer for a new ID than reading it back every time: issue 20, round 4).
+        IF op.tenant_id IS NULL THEN
+            SELECT * INTO op FROM ledger.operations AS o
+            WHERE o.tenant_id = claim.tenant AND o.operation_id = claim.operation_id;
+            CONTINUE WHEN op.tenant_id IS NULL;  -- purged since our insert conflicted: insert again
+        END IF;
         IF op.claim_token_hash = token_hash AND op.attempt = 1 AND op.created_at = now THEN
             -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
             -- would hash them again); one INSERT for both when it submits too.

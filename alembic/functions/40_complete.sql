@@ -9,7 +9,9 @@
 -- the report repeats it (ledger.same_outcome), else conflicting_outcome with a `discrepancy` event;
 -- unknown reported while pending -> invalid_transition; diagnostics naming another attempt ->
 -- validation_failed (nothing written); unknown reported while unknown -> at most the expiry is
--- recorded (completed, or unchanged); otherwise the outcome is recorded (completed).
+-- recorded (completed, or unchanged); otherwise the outcome is recorded (completed). Committed
+-- without a receipt, or not_applied without a reason, is refused with check_violation (SQLSTATE
+-- 23514, nothing written), as the table check did before migration 0016.
 -- A submitted operation whose lease ran out first gets its `lease_expired` event (unknown), then the report.
 CREATE OR REPLACE FUNCTION ledger.complete(
     tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text,
@@ -31,24 +33,33 @@ DECLARE
     doc jsonb;    -- its data as stored
     recorded_receipt jsonb;
     recorded_reason jsonb;
+    cur record;   -- the locked row's columns that the decision and the events read
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
-    SELECT * INTO op FROM ledger.operations AS t
+    -- Lock the row and read only what the decision and the events need (a narrower target list is a
+    -- cheaper executor start: ledger.submit says why); the whole row is read, locked already, where a
+    -- path needs it: a terminal row's comparison with the report, and a refusal's answer.
+    SELECT t.tenant_id, t.claim_token_hash, t.status, t.lease_expires_at, t.chain_seq, t.chain_hash, t.attempt
+    INTO cur FROM ledger.operations AS t
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     FOR UPDATE;
     db_now := clock_timestamp();
     now := date_trunc('milliseconds', db_now);
-    status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
-                   THEN 'unknown' ELSE op.status END;
+    status := CASE WHEN cur.status = 'submitted' AND NOT COALESCE(cur.lease_expires_at > db_now, false)
+                   THEN 'unknown' ELSE cur.status END;
+    IF status IN ('committed', 'not_applied') THEN  -- a repeat or a conflict: the report against the row
+        SELECT * INTO op FROM ledger.operations AS t
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
+    END IF;
     outcome_code := CASE
-        WHEN op.tenant_id IS NULL THEN 'not_found'
-        WHEN op.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
+        WHEN cur.tenant_id IS NULL THEN 'not_found'
+        WHEN cur.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
         WHEN status IN ('committed', 'not_applied') THEN
             CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
                  ELSE 'conflicting_outcome' END
         WHEN outcome = 'unknown' AND status = 'pending' THEN 'invalid_transition'
-        WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> op.attempt
+        WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> cur.attempt
             THEN 'validation_failed'  -- the diagnostics name another attempt: nothing is written
         ELSE 'completed'
     END;
@@ -63,32 +74,38 @@ BEGIN
         RETURN;
     END IF;
     IF outcome_code <> 'completed' THEN
+        IF op.tenant_id IS NULL THEN  -- the refusal's answer shows the row (none: not_found)
+            SELECT * INTO op FROM ledger.operations AS t
+            WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
+        END IF;
         RETURN;
     END IF;
-    seq := op.chain_seq;
-    head := op.chain_hash;
-    IF op.status = 'submitted' AND status = 'unknown' THEN  -- the lease ran out: materialise it first
+    seq := cur.chain_seq;
+    head := cur.chain_hash;
+    IF cur.status = 'submitted' AND status = 'unknown' THEN  -- the lease ran out: materialise it first
         seq := seq + 1;
         e := ledger.append_event(tenant, operation_id, seq, head, now, 'lease_expired', 'effect-ledger',
-                                 'submitted', 'unknown', op.attempt, ledger.lease_data(op.lease_expires_at));
+                                 'submitted', 'unknown', cur.attempt, ledger.lease_data(cur.lease_expires_at));
         events := jsonb_build_array(e);
         head := e ->> 'hash';
     END IF;
-    IF outcome = 'unknown' AND op.status = 'unknown' THEN
+    IF outcome = 'unknown' AND cur.status = 'unknown' THEN
         -- already unknown: nothing to record; a repeat with diagnostics names the incident stored first
         outcome_code := 'unchanged';
         incident_ref := CASE WHEN incident IS NOT NULL THEN (
             SELECT ev.data ->> 'incident' FROM ledger.events AS ev
             WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
-              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+              AND ev.attempt = cur.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
             ORDER BY ev.seq DESC LIMIT 1) END;
+        SELECT * INTO op FROM ledger.operations AS t
+        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
         RETURN;
     ELSIF outcome = 'unknown' AND status = 'unknown' THEN
         -- reported unknown after the lease ran out: the expiry is all there is to record
         incident_ref := CASE WHEN incident IS NOT NULL THEN (
             SELECT ev.data ->> 'incident' FROM ledger.events AS ev
             WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
-              AND ev.attempt = op.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
+              AND ev.attempt = cur.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
             ORDER BY ev.seq DESC LIMIT 1) END;
         UPDATE ledger.operations AS t SET
             status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = head
@@ -96,21 +113,27 @@ BEGIN
         RETURNING * INTO op;
         RETURN;
     END IF;
-    -- Record the reported outcome (the same settlement as ledger.resolve's).
+    -- Record the reported outcome (the same settlement as ledger.resolve's). A committed outcome
+    -- keeps its receipt, a not_applied one its reason (API.md section 6): the rule lives here, not in
+    -- a table check (migration 0016); the service never sends either without (domain.Report).
+    IF (outcome = 'committed' AND receipt IS NULL) OR (outcome = 'not_applied' AND reason IS NULL) THEN
+        RAISE EXCEPTION 'a % outcome needs its %', outcome,
+            CASE outcome WHEN 'committed' THEN 'receipt' ELSE 'reason' END USING ERRCODE = 'check_violation';
+    END IF;
     -- Its event inline, as in ledger.submit (no nested function call on the hot path).
     seq := seq + 1;
     body := ledger.settled_data(outcome, receipt, reason, NULL, incident_id);
-    digest := ledger.event_hash(head, operation_id, seq, now, 'completed', actor, status, outcome, op.attempt, body);
+    digest := ledger.event_hash(head, operation_id, seq, now, 'completed', actor, status, outcome, cur.attempt, body);
     doc := body::jsonb;
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
-    VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, op.attempt, doc, head, digest);
-    events := events || ledger.event_json('completed', actor, status, outcome, op.attempt, doc);
+    VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, cur.attempt, doc, head, digest);
+    events := events || ledger.event_json('completed', actor, status, outcome, cur.attempt, doc);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
-    -- routed UPDATE
+    -- routed UPDATE. The receipt and the reason as the event's data parsed them (not parsed again).
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
-        receipt::jsonb || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
-    recorded_reason := CASE WHEN outcome = 'not_applied' THEN reason::jsonb END;
+        (doc -> 'receipt') || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
+    recorded_reason := CASE WHEN outcome = 'not_applied' THEN doc -> 'reason' END;
     UPDATE ledger.operations AS t SET
         status = complete.outcome,
         receipt = recorded_receipt, not_applied_reason = recorded_reason,

