@@ -235,7 +235,6 @@ def _serve_granian(ready: Settings) -> None:
     ).serve()
 
 
-
 def migrate_command(args: argparse.Namespace, settings: Settings) -> int:
     """Migrate the configured database (or the embedded one) to the newest schema."""
     from effect_ledger.runtime import database
