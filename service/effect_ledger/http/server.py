@@ -541,11 +541,12 @@ class Connection(asyncio.Protocol):
         keep_alive = version == "1.1" and parser.should_keep_alive() and not worker.stopping
         exchange = Exchange(self, scope, keep_alive, buffered)
         exchange.begun = self.begun
+        exchange.continued = not self.expect
         self.reading = exchange
         if not buffered:
             self._enqueue(exchange)  # the app reads the body as it arrives (and may refuse it early)
-        elif not self.expect:
-            exchange.continued = True
+        elif exchange.continued:
+            pass
         elif self.cycle is None:
             exchange.continued = True
             self.transport.write(_CONTINUE)
