@@ -1,9 +1,10 @@
 """Instructions per executor request in serve's worker, per HTTP server: a figure load does not move.
 
 `python -m effect_ledger_bench.interfaceinstr [--cycles 40] [--executors 4] [--interfaces ledger,rsgi,asgi]`
-(the variants of interfacecpu: `ledger` serve's own server, `rsgi` and `asgi` granian's interfaces, `uvicorn`)
-runs `serve --workers 1` under valgrind's callgrind (the embedded PostgreSQL untraced, granian's
-forked worker (or the ledger server's) traced from its fork to its exit, where it writes its counts), once with `--cycles`
+(the variants of interfacecpu: `ledger` serve's own server, `rsgi` and `asgi` granian's interfaces;
+not `uvicorn`, whose single worker is serve's own process)
+runs `serve --workers 1` under valgrind's callgrind (the embedded PostgreSQL untraced, the server's
+forked worker traced from its fork to its exit, where it writes its counts), once with `--cycles`
 full effect cycles (claim -> submit -> complete, from `--executors` concurrent httpx clients) and
 once with three times as many; the difference of the worker's instructions over the difference of
 requests is what one request costs, start-up and shutdown cancelling out (the idle timers of the

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_shutdown import sigterm_during_a_request, two_workers
 
 from support.auth import auth
 from support.serve_process import Served, alive, kill_quietly, spawned_workers, start_serve
 from support.waiting import until
-from test_shutdown import sigterm_during_a_request, two_workers
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ async def test_a_chunked_body_is_read_whole(served: Served) -> None:
             await client.send(b"%x\r\n%s\r\n" % (len(part), part))
             await asyncio.sleep(0.05)
         await client.send(b"0\r\n\r\n")
-        status, headers, answer = await client.answer()
+        status, _, answer = await client.answer()
         assert status == 201, answer
         assert await status_of(served, "chunked-1") == 200
         await client.send(request("GET", "/livez"))  # the connection stays usable
