@@ -51,6 +51,8 @@ ASGIApp = Callable[
 MAX_HEAD_BYTES = 16 * 1024  # the request line and header fields, without their framing
 MAX_HEADER_FIELDS = 100
 HIGH_WATER = 64 * 1024  # unread body bytes of a streamed request before reading pauses
+LINGER_SECONDS = 2  # after a last answer with bytes unread: how long what still arrives is dropped
+LINGER_BYTES = 1024 * 1024  # ... and how much of it
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 _DISCONNECT = {"type": "http.disconnect"}
@@ -394,6 +396,9 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.drainers: list[asyncio.Future[None]] = []
         self.lost = False
+        self.lingering = False  # answered for the last time; dropping what still arrives
+        self.linger_since = 0
+        self.lingered = 0
         # the head being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -426,6 +431,11 @@ class Connection(asyncio.Protocol):
         self._release_drainers()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            self.lingered += len(data)
+            if self.lingered > LINGER_BYTES:
+                self.transport.close()
+            return
         if self.refusal is not None:
             return
         try:
@@ -447,6 +457,8 @@ class Connection(asyncio.Protocol):
             self.refuse("malformed_request", "The request is not valid HTTP/1.1.")
 
     def eof_received(self) -> bool | None:
+        if self.lingering:
+            return None  # the client has read the answer and closed: close
         # the client half-closed: answer what it sent (a half-closed client may still read), then close
         reading = self.reading
         if reading is not None and not reading.complete:  # its body will not come
@@ -601,7 +613,10 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self.lost or transport.is_closing():
             return
-        if not exchange.keep_alive or not exchange.complete:
+        if not exchange.complete or (not exchange.keep_alive and (self.parsing or self.pipeline)):
+            self.linger()  # bytes the client sent were not read: a plain close could reset the answer
+            return
+        if not exchange.keep_alive:
             transport.close()
             return
         if self.pipeline:
@@ -612,7 +627,7 @@ class Connection(asyncio.Protocol):
             return
         if self.refusal is not None:
             transport.write(self.refusal)
-            transport.close()
+            self.linger()
             return
         reading = self.reading
         if reading is not None and not reading.continued:
@@ -631,15 +646,37 @@ class Connection(asyncio.Protocol):
             reading.gone = True  # a streamed body the app is reading, or will read: it ends here
             reading.wake()
             if reading is self.cycle:
-                if not reading.started:
+                if reading.started:
+                    self.transport.close()  # an answer cut mid-way
+                else:
                     self.transport.write(self.refusal)
-                self.transport.close()
+                    self.linger()
                 return
             if reading in self.pipeline:
                 self.pipeline.remove(reading)
         if self.cycle is None:
             self.transport.write(self.refusal)
-            self.transport.close()
+            self.linger()
+
+    def linger(self) -> None:
+        """Close after an answer while the client may still be sending (a body not read, a refused
+        head): end our side (FIN after the answer), read and drop what still comes for up to
+        LINGER_SECONDS or LINGER_BYTES, then close. Closing a socket with unread bytes sends a reset,
+        which can destroy the answer before the client has read it."""
+        transport = self.transport
+        if self.lingering or transport.is_closing():
+            return
+        self.lingering = True
+        self.linger_since = self.worker.tick
+        self.idle_since = None
+        self.parsing = False
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self.paused:
+            self.paused = 0
+            transport.resume_reading()
 
     # timeouts and shutdown
 
@@ -647,7 +684,10 @@ class Connection(asyncio.Protocol):
         """Called once a second: close an idle connection, refuse a request that takes too long to
         arrive (while this side reads: not while reading waits for an answer or a full buffer)."""
         worker = self.worker
-        if self.idle_since is not None:
+        if self.lingering:
+            if tick - self.linger_since > LINGER_SECONDS:
+                self.transport.close()
+        elif self.idle_since is not None:
             if tick - self.idle_since > worker.keep_alive_ticks:
                 self.transport.close()
         elif self.parsing and not self.paused and tick - self.begun > worker.request_timeout_ticks:
