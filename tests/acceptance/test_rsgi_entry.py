@@ -56,8 +56,8 @@ async def _two_servers(tmp_path: Path, db_url: str) -> tuple[Served, Served]:
     for interface in PREFIXES:
         (tmp_path / interface).mkdir()
     asgi, rsgi = await asyncio.gather(
-        start_serve(tmp_path / "asgi", granian_interface="asgi", **common),
-        start_serve(tmp_path / "rsgi", granian_interface="rsgi", **common),
+        start_serve(tmp_path / "asgi", http_server="granian", granian_interface="asgi", **common),
+        start_serve(tmp_path / "rsgi", http_server="granian", granian_interface="rsgi", **common),
     )
     return asgi, rsgi
 
