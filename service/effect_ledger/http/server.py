@@ -249,7 +249,7 @@ class Exchange:
     def _fail(self) -> None:
         if self.gone or self.finished:
             return  # nobody to tell, or answered already (a failure after the answer is only logged)
-        if self.started:  # an answer cut mid-way: the client must see it end
+        if self.head:  # an answer cut mid-way: the client must see it end
             self.connection.transport.close()
         else:
             self.keep_alive = False
@@ -314,8 +314,8 @@ class Exchange:
         connection = self.connection
         write = connection.transport.write
         if not self.head:
-            self.head = True
             head, self.framing = self._head(len(body), more)
+            self.head = True
             if self.framing == b"none":  # HEAD, 1xx, 204, 304: no body, whatever the app sent
                 write(head)
             elif not more:
