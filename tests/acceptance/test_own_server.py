@@ -255,9 +255,11 @@ async def test_an_idle_connection_closes_after_the_keep_alive_time(served: Serve
         await client.send(request("GET", "/livez"))
         assert (await client.answer())[0] == 200
         started = asyncio.get_running_loop().time()
-        assert await client.closed(within=KEEP_ALIVE + 5)
+        assert await client.closed(within=KEEP_ALIVE + 15)
         waited = asyncio.get_running_loop().time() - started
-        assert KEEP_ALIVE - 1 <= waited <= KEEP_ALIVE + 3, waited
+        assert KEEP_ALIVE - 0.5 <= waited <= KEEP_ALIVE + 12, (
+            waited
+        )  # not before; the bound is for a broken build
     finally:
         await client.close()
 
