@@ -153,7 +153,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
                 return serve_ledger(ready)  # docs/performance.md, "Issue 20 item 3, round 4"
             else:
-                import uvicorn  # the extra effect-ledger[uvicorn]; the default is serve's own server
+                import uvicorn  # the extra effect-ledger[uvicorn]; granian is the default server
 
                 uvicorn.run(
                     "effect_ledger.http.app:app_from_env",

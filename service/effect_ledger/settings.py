@@ -101,7 +101,7 @@ class Settings:
     port: int = setting(8000, "listen port", between(1, 65535))
     workers: int = setting(1, "server processes; each has its own pools", at_least(1))
     http_server: str = setting(
-        "ledger",
+        "granian",
         "the HTTP server `serve` runs: `granian`, `uvicorn`, or `ledger` (its own HTTP/1.1 server on uvloop"
         " and httptools, docs/performance.md)",
         one_of("granian", "uvicorn", "ledger"),
