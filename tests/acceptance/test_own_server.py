@@ -236,6 +236,8 @@ async def test_headers_over_the_limit_are_refused_with_431(served: Served) -> No
         assert (await client.answer())[0] == 200
     finally:
         await client.close()
+    refused = [line for line in served.log().splitlines() if '"http_refused"' in line]
+    assert [json.loads(line)["code"] for line in refused].count("headers_too_large") == 2  # one per refusal
 
 
 async def test_a_request_that_is_not_http_is_refused_with_400(served: Served) -> None:

@@ -638,6 +638,7 @@ class Connection(asyncio.Protocol):
 
     def refuse(self, code: str, detail: str) -> None:
         """Answer a request the server cannot pass on, after those before it; then close."""
+        log.info("http_refused", status=PROBLEMS[code][0], code=code)  # the app never saw it: no summary line
         self.pause(_DONE)
         reading, self.reading = self.reading, None
         self.parsing = False
