@@ -29,8 +29,8 @@ COPY pyproject.toml README.md ./
 COPY service/ service/
 # service/effect_ledger/migrations is a link to ../../alembic: the wheel takes the migrations from it.
 COPY alembic/ alembic/
-# No extras: no embedded PostgreSQL (the image always has EFFECT_LEDGER_DATABASE_URL) and one HTTP
-# server, granian (uvicorn is the extra effect-ledger[uvicorn]).
+# No extras: no embedded PostgreSQL (the image always has EFFECT_LEDGER_DATABASE_URL); granian, and
+# serve's own HTTP server (httptools) as the alternative (uvicorn is the extra effect-ledger[uvicorn]).
 RUN pip install --no-cache-dir . \
     && pip uninstall -y pip setuptools wheel
 

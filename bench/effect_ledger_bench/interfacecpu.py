@@ -1,8 +1,11 @@
-"""What granian's interface costs: serve's CPU per executor request under RSGI and under ASGI.
+"""What an HTTP server costs: serve's CPU per executor request under each server and interface.
 
-`python -m effect_ledger_bench.interfacecpu [--seconds 8] [--rounds 3] [--workers 1] [--executors 16]`
+`python -m effect_ledger_bench.interfacecpu [--seconds 8] [--rounds 3] [--workers 1] [--executors 16]
+[--variants ledger,rsgi,asgi,uvicorn] [--variant NAME=VAR=value,VAR=value ...]`
 starts `serve --workers N` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's server)
-once per interface (EFFECT_LEDGER_GRANIAN_INTERFACE=rsgi / asgi), alternating the order every round,
+once per variant (an HTTP server and interface: `ledger` EFFECT_LEDGER_HTTP_SERVER=ledger, `rsgi` and
+`asgi` granian's two interfaces, `uvicorn`; `--variant` adds one of its own environment), in an order
+reversed every round,
 drives full effect cycles (claim -> submit -> complete) from the bench's generator (wrk when installed)
 for a warm-up and then the measured run, and reads the serve process tree's CPU time (supervisor and
 workers, user and system) and every thread's context switches just before and after the measured
@@ -18,6 +21,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -52,11 +56,32 @@ def tree_counters(pid: int) -> tuple[float, float, int]:
     return user, system, switches
 
 
+VARIANTS: dict[str, dict[str, str]] = {
+    "ledger": {"EFFECT_LEDGER_HTTP_SERVER": "ledger"},
+    "rsgi": {"EFFECT_LEDGER_HTTP_SERVER": "granian", "EFFECT_LEDGER_GRANIAN_INTERFACE": "rsgi"},
+    "asgi": {"EFFECT_LEDGER_HTTP_SERVER": "granian", "EFFECT_LEDGER_GRANIAN_INTERFACE": "asgi"},
+    "uvicorn": {"EFFECT_LEDGER_HTTP_SERVER": "uvicorn"},
+}
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """NAME=VAR=value,VAR=value as (NAME, environment)."""
+    name, _, assignments = text.partition("=")
+    env = dict(a.split("=", 1) for a in assignments.split(",") if a)
+    return name, env
+
+
 async def one_run(
-    url: str, secret: str, workdir: Path, interface: str, workers: int, executors: int, seconds: float
+    url: str,
+    secret: str,
+    workdir: Path,
+    interface: str,
+    env: dict[str, str],
+    workers: int,
+    executors: int,
+    seconds: float,
 ) -> tuple[str, float]:
-    """One serve under `interface`, warmed up, then measured; the printed line and the us/request."""
-    env = {"EFFECT_LEDGER_GRANIAN_INTERFACE": interface}
+    """One serve of a variant, warmed up, then measured; the printed line and the us/request."""
     service = ServiceProcess(url, secret, workers, workdir, env)
     await service.start()
     try:
@@ -85,19 +110,22 @@ async def one_run(
     return line, per_request
 
 
-async def main(seconds: float, rounds: int, workers: int, executors: int) -> None:
-    """Alternate the two interfaces on one database, `rounds` times; the medians at the end."""
+async def main(
+    seconds: float, rounds: int, workers: int, executors: int, variants: dict[str, dict[str, str]]
+) -> None:
+    """Alternate the variants on one database, `rounds` times; the sorted figures at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-interfacecpu-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
-    figures: dict[str, list[float]] = {"rsgi": [], "asgi": []}
+    figures: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
     try:
         url = await cluster.create("effect_ledger_interfacecpu")
         secret = secrets.token_urlsafe(48)
         print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
         for n in range(rounds):
-            for interface in ("rsgi", "asgi") if n % 2 == 0 else ("asgi", "rsgi"):
+            for interface in names if n % 2 == 0 else names[::-1]:
                 line, per_request = await one_run(
-                    url, secret, workdir, interface, workers, executors, seconds
+                    url, secret, workdir, interface, variants[interface], workers, executors, seconds
                 )
                 figures[interface].append(per_request)
                 print(line, flush=True)
@@ -106,14 +134,23 @@ async def main(seconds: float, rounds: int, workers: int, executors: int) -> Non
         shutil.rmtree(workdir, ignore_errors=True)
     for interface, values in figures.items():
         shown = ", ".join(f"{v:.0f}" for v in sorted(values))
-        print(f"{interface}: us per request, sorted: {shown}", flush=True)
+        print(
+            f"{interface}: us per request, sorted: {shown}; median {statistics.median(values):.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds measured per run")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of (rsgi, asgi), order alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the variants, order alternating")
     parser.add_argument("--workers", type=int, default=1, help="serve --workers")
     parser.add_argument("--executors", type=int, default=16, help="concurrent executors")
+    parser.add_argument("--variants", default="ledger,rsgi,asgi,uvicorn", help="comma-separated, in order")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="NAME=VAR=value,VAR=value (repeatable)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.rounds, args.workers, args.executors))
+    chosen = {name: VARIANTS[name] for name in args.variants.split(",") if name}
+    chosen.update(variant(text) for text in args.variant)
+    asyncio.run(main(args.seconds, args.rounds, args.workers, args.executors, chosen))

@@ -1,7 +1,9 @@
-"""Instructions per executor request in serve's worker, RSGI against ASGI: a figure load does not move.
+"""Instructions per executor request in serve's worker, per HTTP server: a figure load does not move.
 
-`python -m effect_ledger_bench.interfaceinstr [--cycles 40] [--executors 4] [--interfaces rsgi,asgi]`
-runs `serve --workers 1` under valgrind's callgrind (the embedded PostgreSQL untraced, granian's
+`python -m effect_ledger_bench.interfaceinstr [--cycles 40] [--executors 4] [--interfaces ledger,rsgi,asgi]`
+(the variants of interfacecpu: `ledger` serve's own server, `rsgi` and `asgi` granian's interfaces;
+not `uvicorn`, whose single worker is serve's own process)
+runs `serve --workers 1` under valgrind's callgrind (the embedded PostgreSQL untraced, the server's
 forked worker traced from its fork to its exit, where it writes its counts), once with `--cycles`
 full effect cycles (claim -> submit -> complete, from `--executors` concurrent httpx clients) and
 once with three times as many; the difference of the worker's instructions over the difference of
@@ -28,6 +30,7 @@ import httpx
 
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings
+from effect_ledger_bench.interfacecpu import VARIANTS
 from effect_ledger_bench.service import free_port
 from effect_ledger_bench.workload import (
     PRINCIPAL,
@@ -95,7 +98,7 @@ async def one_run(interface: str, cycles: int, executors: int) -> tuple[int, int
         **os.environ,
         "EFFECT_LEDGER_DATA_DIR": str(workdir / "data"),
         "EFFECT_LEDGER_JWT_SECRET": secret,
-        "EFFECT_LEDGER_GRANIAN_INTERFACE": interface,
+        **VARIANTS[interface],
         "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0",
         "EFFECT_LEDGER_SHUTDOWN_TIMEOUT_SECONDS": "300",  # the worker must exit by itself to write its counts
     }
@@ -174,6 +177,6 @@ if __name__ == "__main__":
     parser.add_argument("--cycles", type=int, default=100, help="cycles per measured round")
     parser.add_argument("--executors", type=int, default=4, help="concurrent clients")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the interfaces")
-    parser.add_argument("--interfaces", default="rsgi,asgi", help="comma-separated interfaces, in order")
+    parser.add_argument("--interfaces", default="ledger,rsgi,asgi", help="comma-separated variants, in order")
     args = parser.parse_args()
     asyncio.run(main(args.cycles, args.executors, args.rounds, args.interfaces.split(",")))

@@ -612,7 +612,8 @@ class Bench:
         where = "embedded" if self.cluster.postmaster and not c.database_url else "EFFECT_LEDGER_DATABASE_URL"
         return [
             f"effect-ledger bench: {machine().describe()}",
-            f"PostgreSQL {self.cluster.version} ({where}); serve --workers {c.workers}; "
+            f"PostgreSQL {self.cluster.version} ({where}); serve --workers {c.workers} "
+            f"(HTTP server {Settings.from_env().http_server}); "
             f"{c.concurrency} executors; load generator {self.generator_name}",
             f"load average: {self.load_before:.2f} before, {self.load_after:.2f} after (one minute; the run "
             f"itself keeps the cores busy, so 'after' is high on a quiet machine too)",

@@ -148,6 +148,10 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         try:
             if ready.http_server == "granian":
                 _serve_granian(ready)
+            elif ready.http_server == "ledger":
+                from effect_ledger.http.prefork import serve as serve_ledger
+
+                return serve_ledger(ready)  # docs/performance.md, "Issue 20 item 3, round 4"
             else:
                 import uvicorn  # the extra effect-ledger[uvicorn]; granian is the default server
 

@@ -101,7 +101,19 @@ class Settings:
     port: int = setting(8000, "listen port", between(1, 65535))
     workers: int = setting(1, "server processes; each has its own pools", at_least(1))
     http_server: str = setting(
-        "granian", "the ASGI server `serve` runs: `granian` or `uvicorn`", one_of("granian", "uvicorn")
+        "granian",
+        "the HTTP server `serve` runs: `granian`, `uvicorn`, or `ledger` (its own HTTP/1.1 server on uvloop"
+        " and httptools, docs/performance.md)",
+        one_of("granian", "uvicorn", "ledger"),
+    )
+    http_keep_alive_seconds: int = setting(
+        75, "`ledger` server: an idle keep-alive connection closes after this many seconds", at_least(1)
+    )
+    http_request_timeout_seconds: int = setting(
+        30,
+        "`ledger` server: a request's head and body must arrive within this many seconds of its first"
+        " byte, else 408 (slow clients)",
+        at_least(1),
     )
     granian_interface: str = setting(
         "rsgi",

@@ -17,6 +17,7 @@ __all__ = [
     "ConflictingOutcome",
     "EffectUsageError",
     "Forbidden",
+    "HeadersTooLarge",
     "IntentConflict",
     "InternalError",
     "InvalidTransition",
@@ -30,6 +31,7 @@ __all__ = [
     "OutcomeUnknown",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestTimeout",
     "SensitiveValueRejected",
     "StaleClaim",
     "Unauthenticated",
@@ -215,6 +217,14 @@ class NotYetLogged(LedgerProblem):
     to ask for its proof again (API.md section 14)."""
 
 
+class RequestTimeout(LedgerProblem):
+    """408: the request did not arrive in time (the server's HTTP layer; a slow or stalled client)."""
+
+
+class HeadersTooLarge(LedgerProblem):
+    """431: the request line and headers are over the server's limit (16 KiB, 100 fields)."""
+
+
 class RateLimited(LedgerProblem):
     """429: the per tenant+principal limit was hit; `retry_after` says when to come back."""
 
@@ -250,6 +260,8 @@ CLASSES: dict[str, type[LedgerProblem]] = {
     "approval_denied": ApprovalDenied,
     "not_yet_logged": NotYetLogged,
     "rate_limited": RateLimited,
+    "request_timeout": RequestTimeout,
+    "headers_too_large": HeadersTooLarge,
     "internal": InternalError,
     "unavailable": Unavailable,
 }

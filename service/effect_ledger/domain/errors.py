@@ -17,6 +17,7 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "stale_claim": (409, "Stale claim"),
     "invalid_transition": (409, "Invalid transition"),
     "conflicting_outcome": (409, "Conflicting outcome"),
+    "request_timeout": (408, "Request timeout"),
     "payload_too_large": (413, "Payload too large"),
     "unsupported_media_type": (415, "Unsupported media type"),
     "intent_conflict": (422, "Intent conflict"),
@@ -29,6 +30,7 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "approval_required": (403, "Approval required"),
     "approval_denied": (403, "Approval denied"),
     "rate_limited": (429, "Rate limited"),
+    "headers_too_large": (431, "Request header fields too large"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Service unavailable"),
 }

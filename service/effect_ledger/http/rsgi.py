@@ -36,12 +36,12 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-import structlog
 from granian.rsgi import HTTPProtocol, ProtocolClosed  # type: ignore[attr-defined]  # re-exported names
 from granian.rsgi import Scope as RSGIScope
 from litestar import Litestar
-from litestar.types import Message, Scope
+from litestar.types import Scope
 
+from effect_ledger.http.lifespan import Lifespan, LifespanFailed
 from effect_ledger.settings import Settings
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
@@ -49,12 +49,6 @@ _REQUEST_END = {"type": "http.request", "body": b"", "more_body": False}
 _DISCONNECT = {"type": "http.disconnect"}
 _PATH_SAFE = "/:@!$&'()*+,;=~"  # RFC 3986 pchar besides unreserved: kept as they were sent
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=~._-]*")  # nothing to encode (every API path)
-
-log = structlog.get_logger("effect_ledger.http")
-
-
-class LifespanFailed(RuntimeError):
-    """The app's lifespan did not start: the worker must not serve."""
 
 
 def _address(text: str) -> tuple[str, int] | None:
@@ -155,12 +149,12 @@ class RSGIEntry:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.state: dict[str, Any] = {}  # the lifespan's state, copied into each request (as granian)
-        self._lifespan: _Lifespan | None = None
+        self._lifespan: Lifespan | None = None
         self._servers: dict[str, tuple[str, int] | None] = {}
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the app's lifespan (pools, background tasks) before the worker serves."""
-        self._lifespan = _Lifespan(self.app, self.state)
+        self._lifespan = Lifespan(self.app, self.state)
         if not loop.run_until_complete(self._lifespan.startup()):
             # The worker process exits with 1, as granian's ASGI worker does when the startup fails.
             raise LifespanFailed("the app's lifespan startup failed (see the lifespan_failed line)")
@@ -216,57 +210,6 @@ class RSGIEntry:
             "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
             "state": self.state.copy(),
         }
-
-
-class _Lifespan:
-    """The ASGI lifespan protocol, driven from `__rsgi_init__` and `__rsgi_del__`."""
-
-    def __init__(self, app: Litestar, state: dict[str, Any]) -> None:
-        self.app = app
-        self.state = state
-        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self.started: asyncio.Future[bool] | None = None
-        self.stopped: asyncio.Future[bool] | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    async def startup(self) -> bool:
-        """Run the lifespan's startup; False when it failed."""
-        loop = asyncio.get_running_loop()
-        self.started, self.stopped = loop.create_future(), loop.create_future()
-        self.task = loop.create_task(self._run())
-        await self.inbox.put({"type": "lifespan.startup"})  # type: ignore[typeddict-item]
-        return await self.started
-
-    async def shutdown(self) -> bool:
-        """Run the lifespan's shutdown; False when it failed."""
-        assert self.stopped is not None and self.task is not None
-        if not self.task.done():
-            await self.inbox.put({"type": "lifespan.shutdown"})  # type: ignore[typeddict-item]
-        ok = await self.stopped
-        self.state.clear()
-        return ok
-
-    async def _run(self) -> None:
-        scope = {"type": "lifespan", "asgi": _ASGI_VERSION, "state": self.state}
-        try:
-            await self.app(scope, self.inbox.get, self._send)  # type: ignore[arg-type]
-        except Exception as exc:  # Litestar reports failures by message; this is the last resort
-            log.error("lifespan_failed", exception_type=type(exc).__name__)
-        finally:
-            _settle(self.started, False)
-            _settle(self.stopped, False)
-
-    async def _send(self, message: Message) -> None:
-        kind: str = message["type"]
-        if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
-            _settle(self.started, kind.endswith("complete"))
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            _settle(self.stopped, kind.endswith("complete"))
-
-
-def _settle(future: asyncio.Future[bool] | None, value: bool) -> None:
-    if future is not None and not future.done():
-        future.set_result(value)
 
 
 def rsgi_app_from_env() -> RSGIEntry:
