@@ -21,6 +21,13 @@ from effect_ledger.db.pools import Admission
 class Conn:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self._holder = self  # asyncpg's PoolConnectionProxy: its holder's generation against its pool's
+        self._pool = pool
+        self._generation = pool._generation
+        self.closed = False
+
+    def is_closed(self) -> bool:
+        return self.closed
 
     async def fetchrow(self, query: str, *args: Any) -> dict[str, Any]:
         await self.pool.gate.wait()
@@ -40,10 +47,18 @@ class Pool:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.written: list[str] = []
+        self._generation = 0  # asyncpg's: Pool.expire_connections bumps it
+        self.acquired: list[Conn] = []
+        self.released: list[Conn] = []
 
     @asynccontextmanager
     async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109 - asyncpg.Pool.acquire's own signature
-        yield Conn(self)
+        conn = Conn(self)
+        self.acquired.append(conn)
+        try:
+            yield conn
+        finally:
+            self.released.append(conn)
 
 
 def batcher(pool: Pool, acquire_timeout: float = 5.0) -> tuple[WriteBatcher, Admission]:
@@ -173,4 +188,63 @@ async def test_a_stalled_statement_gives_its_place_to_the_calls_behind_it(
     pool.gate.set()
     assert [(await t)["operation_id"] for t in (first, second, third)] == ["first", "second", "third"]
     assert not b._slots or all(not slot.held for slot in b._slots)
+    assert_clean(b, admission)
+
+
+async def test_back_to_back_batches_keep_one_connection_and_give_it_back_once_nothing_waits() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    waiting = [call(b, "a", "run_submit"), call(b, "b", "run_complete"), call(b, "c", "run_heartbeat")]
+    await settle()
+    assert len(pool.acquired) == 1 and len(b._waiting) == 3
+    pool.gate.set()
+    assert [(await t)["operation_id"] for t in (held, *waiting)] == ["held", "a", "b", "c"]
+    await settle()
+    assert b.counts.statements == 4  # one statement per function, in arrival order
+    assert pool.acquired == pool.released and len(pool.acquired) == 1  # one acquire, one release
+    assert_clean(b, admission)
+
+
+async def test_expired_connections_are_not_reused_for_the_next_batch() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool._generation += 1  # Pool.expire_connections (a failover): the held connection must not go on
+    pool.gate.set()
+    assert (await held)["operation_id"] == "held" and (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired
+    assert_clean(b, admission)
+
+
+async def test_a_failed_statement_gives_its_connection_back_before_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    failing = True
+
+    async def fetchrow(self: Conn, query: str, *args: Any) -> dict[str, Any]:
+        await pool.gate.wait()
+        if failing and args[1] == "lost":
+            self.closed = True
+            raise ConnectionResetError("gone")
+        return {"operation_id": args[1]}
+
+    monkeypatch.setattr(Conn, "fetchrow", fetchrow)
+    lost = call(b, "lost")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool.gate.set()
+    with pytest.raises(ConnectionResetError):
+        await lost
+    assert (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired  # a fresh one for the next batch
     assert_clean(b, admission)
