@@ -82,13 +82,16 @@ _PLACEHOLDER = re.compile(r"(?i)[*x•.]+|\[redacted]|<redacted>|redacted")
 # longer too). Such words are most of what is screened (operation IDs, tenants, principals in every
 # request's log line), so they are answered without the ten scans; tests/unit/test_screening.py
 # checks the shortcut against the full screen.
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_-]{0,31}")
-_SHORT_SHAPES = ("AKIA", "ASIA", "xox", "sk_", "rk_", "sk-", "gh", "AIza", "clt_", "whsec_", "github_pat_")
+# One scan: up to 31 plain characters, none of them starting one of those shapes (or the longer
+# vendor prefixes, for good measure).
+_PLAIN_WORD = re.compile(
+    r"(?:(?!AKIA|ASIA|xox|sk_|rk_|sk-|gh|AIza|clt_|whsec_|github_pat_)[A-Za-z0-9_-]){0,31}"
+)
 
 
 def looks_like_credential(value: str) -> bool:
     """Return True if the string is, or contains, something shaped like a credential."""
-    if _PLAIN_WORD.fullmatch(value) is not None and not any(shape in value for shape in _SHORT_SHAPES):
+    if _PLAIN_WORD.fullmatch(value) is not None:
         return False
     return _screened(value)
 
