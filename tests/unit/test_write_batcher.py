@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import pytest
 
 from effect_ledger.db import batching
@@ -24,10 +25,12 @@ class Conn:
         self._holder = self  # asyncpg's PoolConnectionProxy: its holder's generation against its pool's
         self._pool = pool
         self._generation = pool._generation
-        self.closed = False
+        self.closed: bool | str = False
 
     def is_closed(self) -> bool:
-        return self.closed
+        if self.closed == "detached":  # asyncpg's proxy once the pool took its closed connection back
+            raise asyncpg.InterfaceError("connection has been released back to the pool")
+        return bool(self.closed)
 
     async def fetchrow(self, query: str, *args: Any) -> dict[str, Any]:
         await self.pool.gate.wait()
@@ -247,4 +250,20 @@ async def test_a_failed_statement_gives_its_connection_back_before_the_next_batc
     assert (await after)["operation_id"] == "after"
     await settle()
     assert len(pool.acquired) == 2 and pool.released == pool.acquired  # a fresh one for the next batch
+    assert_clean(b, admission)
+
+
+async def test_a_connection_closed_between_two_batches_is_not_reused() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool.acquired[0].closed = "detached"  # terminated while idle between the two statements
+    pool.gate.set()
+    assert (await held)["operation_id"] == "held" and (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired
+    assert not b._tasks
     assert_clean(b, admission)

@@ -320,10 +320,13 @@ class _Lane:
         conn = self.conn
         if conn is None:
             return True
+        try:
+            if conn.is_closed():
+                return False
+        except asyncpg.InterfaceError:  # closed meanwhile: asyncpg took it back and detached the proxy
+            return False
         holder = getattr(conn, "_holder", None)  # an asyncpg PoolConnectionProxy's
-        if holder is None:
-            return not conn.is_closed() if hasattr(conn, "is_closed") else True
-        return not conn.is_closed() and holder._generation == holder._pool._generation
+        return holder is None or holder._generation == holder._pool._generation
 
     async def release(self) -> None:
         context, self._context, self.conn = self._context, None, None
