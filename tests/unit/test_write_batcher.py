@@ -261,9 +261,10 @@ async def test_a_connection_closed_between_two_batches_is_not_reused() -> None:
     after = call(b, "after", "run_submit")
     await settle()
     pool.acquired[0].closed = "detached"  # terminated while idle between the two statements
+    lanes = list(b._tasks)
     pool.gate.set()
     assert (await held)["operation_id"] == "held" and (await after)["operation_id"] == "after"
     await settle()
     assert len(pool.acquired) == 2 and pool.released == pool.acquired
-    assert not b._tasks
+    assert not b._tasks and [lane.exception() for lane in lanes] == [None]  # the lane ended cleanly
     assert_clean(b, admission)
