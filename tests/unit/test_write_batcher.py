@@ -268,3 +268,31 @@ async def test_a_connection_closed_between_two_batches_is_not_reused() -> None:
     assert len(pool.acquired) == 2 and pool.released == pool.acquired
     assert not b._tasks and [lane.exception() for lane in lanes] == [None]  # the lane ended cleanly
     assert_clean(b, admission)
+
+
+async def test_a_failed_release_changes_no_answer_and_gives_the_place_back() -> None:
+    class FailingRelease(Pool):
+        @asynccontextmanager
+        async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109
+            yield Conn(self)
+            raise ConnectionResetError("reset failed: asyncpg terminated the connection")
+
+    pool = FailingRelease()
+    b, admission = batcher(pool)
+    pool.gate.set()
+    lanes: list[asyncio.Task[None]] = []
+
+    class Recorded(set):  # type: ignore[type-arg]
+        def add(self, task: asyncio.Task[None]) -> None:
+            lanes.append(task)
+            super().add(task)
+
+    b._tasks = Recorded()
+    first = call(b, "first")
+    assert (await first)["operation_id"] == "first"  # the committed write is answered as such
+    await settle()
+    assert [lane.exception() for lane in lanes] == [None]
+    second = call(b, "second", "run_submit")  # the place was given back: the next call goes out
+    assert (await asyncio.wait_for(second, 1))["operation_id"] == "second"
+    await settle()
+    assert_clean(b, admission)

@@ -214,7 +214,12 @@ class WriteBatcher:
                 if alone:
                     await lane.release()
                     slot.release()
-                    await asyncio.gather(*(self._alone(command) for command in batch))
+                    try:
+                        await asyncio.gather(*(self._alone(command) for command in batch))
+                    except asyncio.CancelledError as exc:  # stopping: the callers not answered hear it
+                        for command in batch:
+                            _answer(command, exc)
+                        raise
                     return
                 for command, answer in zip(batch, answers, strict=True):
                     _answer(command, answer)
@@ -329,9 +334,14 @@ class _Lane:
         return holder is None or holder._generation == holder._pool._generation
 
     async def release(self) -> None:
+        """Give the connection back. A failure here (asyncpg could not reset a broken connection; it
+        terminated it) changes no answer: the lane's statements were answered before."""
         context, self._context, self.conn = self._context, None, None
         if context is not None:
-            await context.__aexit__(None, None, None)
+            try:
+                await context.__aexit__(None, None, None)
+            except Exception:  # noqa: S110 - the pool closed the connection itself; nothing to add
+                pass
 
 
 def _answer(command: _Command, answer: Any) -> None:
