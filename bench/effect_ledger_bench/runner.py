@@ -23,7 +23,7 @@ from effect_ledger_bench.database import Cluster, Endpoint
 from effect_ledger_bench.floor import run_floor
 from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
-from effect_ledger_bench.inprocess import run_in_process
+from effect_ledger_bench.inprocess import event_loop_name, run_in_process_as_served
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
 from effect_ledger_bench.loglag import LagSampler
@@ -263,10 +263,10 @@ class Bench:
         r = await run_floor(sql_url, "statements", c.concurrency, 0.0, c.duration, "floor")
         await window.close()
         self.layer("asyncpg", "asyncpg alone, same statements, 1 process", r.cycles, window)
-        progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s")
+        progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s, {event_loop_name()}")
         window = self.window(url)
         warm = max(int(c.warmup * 300), 30)
-        app = await run_in_process(
+        app = await run_in_process_as_served(
             url, 900, c.concurrency, warm, "asgi", c.duration, window, str(self.workdir / "serve-data")
         )
         unexpected = {k: v for k, v in app.statuses.items() if not k.endswith((" 200", " 201"))}
@@ -275,7 +275,7 @@ class Bench:
             "ASGI app in process (no HTTP server), 1 process",
             app.cycles,
             window,
-            f"{app.cpu_per_request_ms:.3f} ms Python per request; a 429 before routing "
+            f"{app.cpu_per_request_ms:.3f} ms Python per request ({event_loop_name()}); a 429 before routing "
             f"{app.refusal_cpu_us:.0f} us ({app.refusals} refused); "
             + (f"unexpected {unexpected}" if unexpected else "0 errors"),
         )

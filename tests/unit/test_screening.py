@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import string
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from effect_ledger.domain.screening import find_credentials, looks_like_credential
+from effect_ledger.domain.screening import _screened, find_credentials, looks_like_credential
 
 # Fake secrets are assembled from pieces so that this file holds no literal that a
 # repository secret scanner would (rightly) refuse to let through a push.
@@ -194,3 +197,43 @@ def test_screening_is_linear_on_64_kib_inputs(adversarial: str) -> None:
 def test_deeply_nested_jwt_like_header_does_not_crash() -> None:
     header = base64.urlsafe_b64encode(b"[" * 20000).rstrip(b"=").decode()
     assert looks_like_credential(header + ".e30.") is False
+
+
+# The shortcut for short plain words (screening._PLAIN_WORD) against the full screen: words built
+# from the plain alphabet and pieces of every shape the full screen knows, so that both answers occur.
+_PIECES = [
+    "AKIA",
+    "ASIA",
+    "xoxb-",
+    "sk_live_",
+    "rk_test_",
+    "sk-",
+    "ghp_",
+    "AIza",
+    "clt_",
+    "whsec_",
+    "op-",
+    "req_",
+]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet=string.ascii_letters + string.digits + "_-", max_size=12),
+            st.sampled_from(_PIECES),
+        ),
+        max_size=6,
+    ).map("".join)
+)
+def test_the_plain_word_shortcut_answers_as_the_full_screen(word: str) -> None:
+    assert looks_like_credential(word) == _screened(word)
+
+
+@pytest.mark.parametrize(
+    "word",
+    ["AKIA" + "ABCDEFGHIJ234567", "xoxb-" + "1234567890", "sk_live_" + MIXED[:16], "sk-" + MIXED[:22]],
+)
+def test_short_plain_words_of_a_credential_shape_are_still_caught(word: str) -> None:
+    assert len(word) < 32 and looks_like_credential(word) and _screened(word)

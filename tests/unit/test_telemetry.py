@@ -84,3 +84,39 @@ def test_sweeps_and_events_are_counted_once_by_kind() -> None:
     assert values[("effect_ledger_transitions_total", edge)] == 2
     assert not any(name == "effect_ledger_refusals_total" for name, _ in values)
     assert not any(dict(labels).get("result") == "no-such-verdict" for _, labels in values)
+
+
+async def test_context_bound_by_other_code_still_reaches_the_summary_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The summary line reads its own two variables directly only while structlog has no others; a
+    variable bound by anything else (here inside the request) is on the line as before."""
+    import structlog
+
+    from effect_ledger.logs import configure_logging
+
+    configure_logging("info")
+    tokens: list[Any] = []
+
+    async def binding_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        tokens.append(structlog.contextvars.bind_contextvars(job_kind="sweep-7"))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = RequestTelemetry(binding_app, Metrics())  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            capsys.readouterr()
+            r = await http.get("/anything", headers={"X-Request-ID": "r-ctx"})
+    finally:
+        for bound in tokens:
+            structlog.contextvars.reset_contextvars(**bound)
+    assert r.status_code == 204
+    (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
+    assert (line["event"], line["request_id"], line["job_kind"], line["outcome"]) == (
+        "request",
+        "r-ctx",
+        "sweep-7",
+        None,
+    )

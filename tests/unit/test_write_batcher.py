@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import pytest
 
 from effect_ledger.db import batching
@@ -21,6 +22,15 @@ from effect_ledger.db.pools import Admission
 class Conn:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self._holder = self  # asyncpg's PoolConnectionProxy: its holder's generation against its pool's
+        self._pool = pool
+        self._generation = pool._generation
+        self.closed: bool | str = False
+
+    def is_closed(self) -> bool:
+        if self.closed == "detached":  # asyncpg's proxy once the pool took its closed connection back
+            raise asyncpg.InterfaceError("connection has been released back to the pool")
+        return bool(self.closed)
 
     async def fetchrow(self, query: str, *args: Any) -> dict[str, Any]:
         await self.pool.gate.wait()
@@ -40,10 +50,18 @@ class Pool:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.written: list[str] = []
+        self._generation = 0  # asyncpg's: Pool.expire_connections bumps it
+        self.acquired: list[Conn] = []
+        self.released: list[Conn] = []
 
     @asynccontextmanager
     async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109 - asyncpg.Pool.acquire's own signature
-        yield Conn(self)
+        conn = Conn(self)
+        self.acquired.append(conn)
+        try:
+            yield conn
+        finally:
+            self.released.append(conn)
 
 
 def batcher(pool: Pool, acquire_timeout: float = 5.0) -> tuple[WriteBatcher, Admission]:
@@ -173,4 +191,108 @@ async def test_a_stalled_statement_gives_its_place_to_the_calls_behind_it(
     pool.gate.set()
     assert [(await t)["operation_id"] for t in (first, second, third)] == ["first", "second", "third"]
     assert not b._slots or all(not slot.held for slot in b._slots)
+    assert_clean(b, admission)
+
+
+async def test_back_to_back_batches_keep_one_connection_and_give_it_back_once_nothing_waits() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    waiting = [call(b, "a", "run_submit"), call(b, "b", "run_complete"), call(b, "c", "run_heartbeat")]
+    await settle()
+    assert len(pool.acquired) == 1 and len(b._waiting) == 3
+    pool.gate.set()
+    assert [(await t)["operation_id"] for t in (held, *waiting)] == ["held", "a", "b", "c"]
+    await settle()
+    assert b.counts.statements == 4  # one statement per function, in arrival order
+    assert pool.acquired == pool.released and len(pool.acquired) == 1  # one acquire, one release
+    assert_clean(b, admission)
+
+
+async def test_expired_connections_are_not_reused_for_the_next_batch() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool._generation += 1  # Pool.expire_connections (a failover): the held connection must not go on
+    pool.gate.set()
+    assert (await held)["operation_id"] == "held" and (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired
+    assert_clean(b, admission)
+
+
+async def test_a_failed_statement_gives_its_connection_back_before_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    failing = True
+
+    async def fetchrow(self: Conn, query: str, *args: Any) -> dict[str, Any]:
+        await pool.gate.wait()
+        if failing and args[1] == "lost":
+            self.closed = True
+            raise ConnectionResetError("gone")
+        return {"operation_id": args[1]}
+
+    monkeypatch.setattr(Conn, "fetchrow", fetchrow)
+    lost = call(b, "lost")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool.gate.set()
+    with pytest.raises(ConnectionResetError):
+        await lost
+    assert (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired  # a fresh one for the next batch
+    assert_clean(b, admission)
+
+
+async def test_a_connection_closed_between_two_batches_is_not_reused() -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    held = call(b, "held")
+    await settle()
+    after = call(b, "after", "run_submit")
+    await settle()
+    pool.acquired[0].closed = "detached"  # terminated while idle between the two statements
+    lanes = list(b._tasks)
+    pool.gate.set()
+    assert (await held)["operation_id"] == "held" and (await after)["operation_id"] == "after"
+    await settle()
+    assert len(pool.acquired) == 2 and pool.released == pool.acquired
+    assert not b._tasks and [lane.exception() for lane in lanes] == [None]  # the lane ended cleanly
+    assert_clean(b, admission)
+
+
+async def test_a_failed_release_changes_no_answer_and_gives_the_place_back() -> None:
+    class FailingRelease(Pool):
+        @asynccontextmanager
+        async def acquire(self, timeout: float | None = None) -> AsyncIterator[Conn]:  # noqa: ASYNC109
+            yield Conn(self)
+            raise ConnectionResetError("reset failed: asyncpg terminated the connection")
+
+    pool = FailingRelease()
+    b, admission = batcher(pool)
+    pool.gate.set()
+    lanes: list[asyncio.Task[None]] = []
+
+    class Recorded(set):  # type: ignore[type-arg]
+        def add(self, task: asyncio.Task[None]) -> None:
+            lanes.append(task)
+            super().add(task)
+
+    b._tasks = Recorded()
+    first = call(b, "first")
+    assert (await first)["operation_id"] == "first"  # the committed write is answered as such
+    await settle()
+    assert [lane.exception() for lane in lanes] == [None]
+    second = call(b, "second", "run_submit")  # the place was given back: the next call goes out
+    assert (await asyncio.wait_for(second, 1))["operation_id"] == "second"
+    await settle()
     assert_clean(b, admission)

@@ -188,26 +188,59 @@ class WriteBatcher:
         return batch
 
     async def _send(self, batch: list[_Command]) -> None:
+        """One lane: the batch's statement, then, while calls wait and the lane kept its place (no
+        stall release), the next batch on **the same connection**: back-to-back statements under load
+        cost no release and acquire each (asyncpg's take a task, timers and futures per statement).
+        The connection goes back to the pool once nothing waits, when the lane's place was given away,
+        when the batch failed, or when the pool's connections were expired (a failover: _Lane.reusable)."""
         loop = asyncio.get_running_loop()
+        lane = _Lane(self.pool, self.acquire_timeout)
+        cancelled: asyncio.CancelledError | None = None
+        slot = self._open_slot(loop)
+        try:
+            while True:
+                answers: list[Any]
+                alone = failed = False
+                try:
+                    answers = await self._execute(batch, lane)
+                except _Alone as fallback:  # rolled back whole: each command again alone, below
+                    answers, alone = [], True
+                    batch = fallback.batch
+                except asyncio.CancelledError as exc:  # the service is stopping: the callers hear it too
+                    cancelled = exc
+                    answers = [exc] * len(batch)
+                except Exception as exc:  # every caller gets the failure (its 503)
+                    answers, failed = [exc] * len(batch), True
+                if alone:
+                    await lane.release()
+                    slot.release()
+                    try:
+                        await asyncio.gather(*(self._alone(command) for command in batch))
+                    except asyncio.CancelledError as exc:  # stopping: the callers not answered hear it
+                        for command in batch:
+                            _answer(command, exc)
+                        raise
+                    return
+                for command, answer in zip(batch, answers, strict=True):
+                    _answer(command, answer)
+                if cancelled is not None or failed or not (slot.held and self._waiting and lane.reusable()):
+                    break
+                # the place and the connection go on to the next batch (a fresh slot: its own stall clock)
+                slot.held = False
+                batch = self._take()
+                slot = self._open_slot(loop)
+        finally:
+            await lane.release()
+            slot.release()
+        if cancelled is not None:
+            raise cancelled
+
+    def _open_slot(self, loop: asyncio.AbstractEventLoop) -> _Slot:
         slot = _Slot(self, loop.time())
         self._slots.append(slot)
         if self._stall_watch is None:
             self._stall_watch = loop.call_at(slot.started + STALL_SECONDS, self._release_stalled)
-        cancelled: asyncio.CancelledError | None = None
-        answers: list[Any]
-        try:
-            answers = await self._execute(batch, slot)
-        except asyncio.CancelledError as exc:  # the service is stopping: the callers hear it too
-            cancelled = exc
-            answers = [exc] * len(batch)
-        except Exception as exc:  # every caller gets the failure (its 503)
-            answers = [exc] * len(batch)
-        finally:
-            slot.release()
-        for command, answer in zip(batch, answers, strict=True):
-            _answer(command, answer)
-        if cancelled is not None:
-            raise cancelled
+        return slot
 
     def _release_stalled(self) -> None:
         """Give back the places of statements in flight for STALL_SECONDS or more (and forget the ones
@@ -222,33 +255,33 @@ class WriteBatcher:
                 slots[0].started + STALL_SECONDS, self._release_stalled
             )
 
-    async def _execute(self, batch: Sequence[_Command], slot: _Slot) -> list[Any]:
+    async def _execute(self, batch: Sequence[_Command], lane: _Lane) -> list[Any]:
+        """The batch's answers (rows, in the batch's order); raises _Alone when the batch statement
+        failed on something other than the connection (its commands then run again alone)."""
         self.counts.statements += 1
         self.counts.commands += len(batch)
-        async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-            for command in batch:
-                command.connect(self.admission)
-            if len(batch) == 1:
-                return [await conn.fetchrow(sql(batch[0].query), *batch[0].args)]
-            # the fixed lock order: by tenant, then operation ID (stable: one ID's calls keep their order)
-            order = sorted(range(len(batch)), key=lambda k: (batch[k].args[0], batch[k].args[1]))
-            columns = [list(column) for column in zip(*(batch[k].args for k in order), strict=True)]
-            try:
-                rows = await conn.fetch(sql(batch[0].query + "_batch"), BATCH_LOCK_TIMEOUT, order, *columns)
-            except CONNECTION_LOST:
-                raise
-            except Exception:  # rolled back whole: each command again, alone, below
-                self.counts.fallbacks += 1
-            else:
-                by_command = {row["i"]: row for row in rows}
-                return [by_command[k] for k in range(len(batch))]
+        conn = await lane.connection()
+        for command in batch:
+            command.connect(self.admission)
+        if len(batch) == 1:
+            return [await conn.fetchrow(sql(batch[0].query), *batch[0].args)]
+        # the fixed lock order: by tenant, then operation ID (stable: one ID's calls keep their order)
+        order = sorted(range(len(batch)), key=lambda k: (batch[k].args[0], batch[k].args[1]))
+        columns = [list(column) for column in zip(*(batch[k].args for k in order), strict=True)]
+        try:
+            rows = await conn.fetch(sql(batch[0].query + "_batch"), BATCH_LOCK_TIMEOUT, order, *columns)
+        except CONNECTION_LOST:
+            raise
+        except Exception:
+            self.counts.fallbacks += 1
+            raise _Alone(list(batch)) from None
+        by_command = {row["i"]: row for row in rows}
+        return [by_command[k] for k in range(len(batch))]
+
+    async def _alone(self, command: _Command) -> Any:
         # Alone and side by side, each on its own connection and outside the in-flight bound (these are
         # retries), each answered as soon as it is done: a command that waits for a row lock waits
         # alone, the others answer at once.
-        slot.release()
-        return list(await asyncio.gather(*(self._alone(command) for command in batch)))
-
-    async def _alone(self, command: _Command) -> Any:
         try:
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 answer: Any = await conn.fetchrow(sql(command.query), *command.args)
@@ -256,6 +289,59 @@ class WriteBatcher:
             answer = exc
         _answer(command, answer)
         return answer
+
+
+class _Alone(Exception):  # a signal between two methods, never raised to a caller
+    """The batch statement failed and rolled back whole: its commands go again, each alone."""
+
+    def __init__(self, batch: list[_Command]) -> None:
+        super().__init__()
+        self.batch = batch
+
+
+class _Lane:
+    """The connection one lane holds from the pool across its back-to-back batches: acquired for the
+    lane's first statement, given back once (asyncpg's PoolAcquireContext, entered and left by hand)."""
+
+    __slots__ = ("_context", "conn", "pool", "timeout")
+
+    def __init__(self, pool: asyncpg.Pool, timeout: float) -> None:
+        self.pool = pool
+        self.timeout = timeout
+        self._context: Any = None
+        self.conn: Any = None
+
+    async def connection(self) -> Any:
+        if self.conn is None:
+            context = self.pool.acquire(timeout=self.timeout)
+            self.conn = await context.__aenter__()
+            self._context = context
+        return self.conn
+
+    def reusable(self) -> bool:
+        """Whether the next batch may run on this connection: it is open and was not expired since it
+        was acquired (Pool.expire_connections, a failover: db/failover.py), exactly the test asyncpg's
+        release applies before it gives a connection back instead of closing it."""
+        conn = self.conn
+        if conn is None:
+            return True
+        try:
+            if conn.is_closed():
+                return False
+        except asyncpg.InterfaceError:  # closed meanwhile: asyncpg took it back and detached the proxy
+            return False
+        holder = getattr(conn, "_holder", None)  # an asyncpg PoolConnectionProxy's
+        return holder is None or holder._generation == holder._pool._generation
+
+    async def release(self) -> None:
+        """Give the connection back. A failure here (asyncpg could not reset a broken connection; it
+        terminated it) changes no answer: the lane's statements were answered before."""
+        context, self._context, self.conn = self._context, None, None
+        if context is not None:
+            try:
+                await context.__aexit__(None, None, None)
+            except Exception:  # noqa: S110 - the pool closed the connection itself; nothing to add
+                pass
 
 
 def _answer(command: _Command, answer: Any) -> None:

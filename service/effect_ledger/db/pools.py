@@ -437,23 +437,14 @@ async def run_write(
     pool: asyncpg.Pool, acquire_timeout: float, phase: str, query: str, *args: Any
 ) -> asyncpg.Record | None:
     """One write-path function call by its catalogue name ($1 the tenant): through the pool's batcher
-    (natural batching, db/batching.py) when it has one, else run_statement."""
+    (natural batching, db/batching.py) when it has one, else run_statement. `_following` and
+    `translated` are written out for the batcher (one try, no context managers or extra coroutine on
+    every write): a lost server is reported to the pool's watch, then every failure translated."""
     batcher = _BATCHERS.get(id(pool))
     if batcher is None:
         return await run_statement(pool, args[0], acquire_timeout, phase, sql(query), *args)
-    if not tracing.active():
-        return await _batched(pool, batcher, phase, query, args)
-    with tracing.database_span(phase) as span:
-        if batcher.admission is not None:
-            tracing.set_attributes(span, {"effect_ledger.db.pool": batcher.admission.name})
-        return await _batched(pool, batcher, phase, query, args)
-
-
-async def _batched(
-    pool: asyncpg.Pool, batcher: WriteBatcher, phase: str, query: str, args: tuple[Any, ...]
-) -> asyncpg.Record | None:
-    """batcher.run with `_following` and `translated` written out (one try, not two context managers
-    on every write): a lost server is reported to the pool's watch, then every failure translated."""
+    if tracing.active():
+        return await _traced(pool, batcher, phase, query, args)
     try:
         try:
             row: asyncpg.Record | None = await batcher.run(query, args)
@@ -463,6 +454,22 @@ async def _batched(
     except _DRIVER_FAILURES as exc:
         raise _translation(phase, exc) from exc
     return row
+
+
+async def _traced(
+    pool: asyncpg.Pool, batcher: WriteBatcher, phase: str, query: str, args: tuple[Any, ...]
+) -> asyncpg.Record | None:
+    """run_write's batched call in the database call's span (tracing on)."""
+    with tracing.database_span(phase) as span:
+        if batcher.admission is not None:
+            tracing.set_attributes(span, {"effect_ledger.db.pool": batcher.admission.name})
+        with translated(phase):
+            try:
+                row: asyncpg.Record | None = await batcher.run(query, args)
+                return row
+            except failover.SERVER_LOST as exc:
+                await failover.server_lost(pool, exc)
+                raise
 
 
 async def run_statement(

@@ -75,8 +75,29 @@ _SECRET_KEY = object()  # stack marker: report this path, the key itself is the 
 _PLACEHOLDER = re.compile(r"(?i)[*x•.]+|\[redacted]|<redacted>|redacted")
 
 
+# A short plain word (letters, digits, `_`, `-`; fewer than 32 characters) can match only the shapes
+# below that need no other character and fit in 31: AWS key IDs (AKIA/ASIA), Slack (xox…), Stripe
+# (sk_/rk_), and sk- keys. Every other shape needs whitespace, `.`, `:`, `=`, `/`, `+` or 32+
+# characters (the random-token rule's run; GitHub, Google, webhook, claim-token and PEM shapes are
+# longer too). Such words are most of what is screened (operation IDs, tenants, principals in every
+# request's log line), so they are answered without the ten scans; tests/unit/test_screening.py
+# checks the shortcut against the full screen.
+# One scan: up to 31 plain characters, none of them starting one of those shapes (or the longer
+# vendor prefixes, for good measure).
+_PLAIN_WORD = re.compile(
+    r"(?:(?!AKIA|ASIA|xox|sk_|rk_|sk-|gh|AIza|clt_|whsec_|github_pat_)[A-Za-z0-9_-]){0,31}"
+)
+
+
 def looks_like_credential(value: str) -> bool:
     """Return True if the string is, or contains, something shaped like a credential."""
+    if _PLAIN_WORD.fullmatch(value) is not None:
+        return False
+    return _screened(value)
+
+
+def _screened(value: str) -> bool:
+    """looks_like_credential without its shortcut: every shape scanned."""
     if _VENDOR_KEYS.search(value):
         return True
     if any(_is_random_body(match.group(1)) for match in _SK_KEY.finditer(value)):

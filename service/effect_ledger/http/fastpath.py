@@ -97,11 +97,41 @@ async def send_json(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def send_encoded(
+    scope: Scope, send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """send_json's two messages for a body already encoded (written out twice: one coroutine less on
+    every answer)."""
+    exchange: Exchange | None = scope.get(EXCHANGE_KEY)  # type: ignore[assignment]  # set by RequestTelemetry
+    if exchange is not None:
+        await exchange.answer(status, headers, body)
+        return
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 async def send_problem(scope: Scope, send: Send, error: LedgerError) -> None:
-    """The problem+json answer of `error`, exactly as http.problems.problem_response builds it."""
-    headers = [(_header_name(k), v.encode("latin-1")) for k, v in problem_headers(error).items()]
-    headers.append(_PROBLEM)
-    await send_json(scope, send, error.status, problem_body(error), headers)
+    """The problem+json answer of `error`, exactly as http.problems.problem_response builds it. A
+    refusal without extensions (401, 403, 429: a flood's answers) is one of few texts: its headers
+    and body are built once per worker (by code, detail and Retry-After; the code fixes title and
+    status)."""
+    if error.extensions:
+        headers = [(_header_name(k), v.encode("latin-1")) for k, v in problem_headers(error).items()]
+        headers.append(_PROBLEM)
+        await send_json(scope, send, error.status, problem_body(error), headers)
+        return
+    key = (error.code, error.detail, error.retry_after)
+    built = _PLAIN_PROBLEMS.get(key)
+    if built is None:
+        names = [(_header_name(k), v.encode("latin-1")) for k, v in problem_headers(error).items()]
+        built = (tuple((*names, _PROBLEM)), _ENCODE(problem_body(error)))
+        if len(_PLAIN_PROBLEMS) < 256:  # codes and details are the service's own; retry-afters few
+            _PLAIN_PROBLEMS[key] = built
+    await send_encoded(scope, send, error.status, built[1], list(built[0]))
+
+
+_PLAIN_PROBLEMS: dict[tuple[Any, ...], tuple[tuple[tuple[bytes, bytes], ...], bytes]] = {}
 
 
 # Header names as Litestar writes them (lower-case bytes); the few the executor calls use, kept.

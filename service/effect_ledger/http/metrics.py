@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -282,13 +283,14 @@ class Metrics:
         increments (its call, outcome and events' kinds and statuses) are looked up once per worker:
         prometheus_client's labels() costs more than the increment."""
         key = (call, outcome, *map(_event_shape, events))
-        series = self._decisions.get(key)
-        if series is None:
+        increments = self._decisions.get(key)
+        if increments is None:
             series = self._decision_series(call, outcome, events)
+            increments = tuple(_increment_of(counter) for counter in series)
             if len(self._decisions) < _SERIES_REMEMBERED:  # calls, outcomes and event shapes are bounded
-                self._decisions[key] = series
-        for counter in series:
-            counter.inc()
+                self._decisions[key] = increments
+        for increment in increments:
+            increment(1)
 
     def _decision_series(self, call: str, outcome: str, events: Sequence[EventDraft]) -> tuple[Any, ...]:
         """The series `observe` increments for one decision, in order."""
@@ -338,7 +340,7 @@ class Metrics:
         series = self._request_series.get(key)
         if series is None:
             shown = method if method in METHODS else "other"
-            series = self.requests.labels(route, shown, f"{status // 100}xx")
+            series = _Observation(self.requests.labels(route, shown, f"{status // 100}xx"))
             if len(self._request_series) < _SERIES_REMEMBERED:  # routes and methods are bounded; be sure
                 self._request_series[key] = series
         series.observe(seconds)
@@ -409,3 +411,38 @@ async def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text exposition; no token needed, no tenant data."""
     metrics: Metrics = request.app.state.metrics
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _increment_of(counter: Any) -> Any:
+    """A counter series' increment, one call: its value's own `inc` (what Counter.inc does after its
+    checks, which a series looked up by labels() always passes), else the counter's public `inc`."""
+    value = getattr(counter, "_value", None)
+    inc = getattr(value, "inc", None)
+    return inc if callable(inc) else counter.inc
+
+
+class _Observation:
+    """One histogram series' `observe`, as Histogram.observe does it (the sum, then the first bucket
+    whose bound is >= the amount) with the bucket found by bisection and no checks a labelled series
+    always passes; the public `observe` when the series is not laid out as expected."""
+
+    __slots__ = ("_bounds", "_buckets", "_series", "_sum")
+
+    def __init__(self, series: Any) -> None:
+        self._series = series
+        bounds: Any = getattr(series, "_upper_bounds", None)
+        buckets: Any = getattr(series, "_buckets", None)
+        total: Any = getattr(series, "_sum", None)
+        laid_out = None not in (bounds, buckets, total) and len(bounds) == len(buckets)
+        self._bounds = list(bounds) if laid_out else None
+        self._buckets = [bucket.inc for bucket in buckets] if laid_out else []
+        self._sum = total.inc if laid_out else None
+
+    def observe(self, amount: float) -> None:
+        if self._sum is None or self._bounds is None:
+            self._series.observe(amount)
+            return
+        self._sum(amount)
+        index = bisect_left(self._bounds, amount)  # the first bound >= amount (the last is +Inf)
+        if index < len(self._buckets):
+            self._buckets[index](1)

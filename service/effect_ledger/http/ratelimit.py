@@ -23,6 +23,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,6 +116,7 @@ class SharedStore:
         os.close(self._fd)
 
 
+@lru_cache(maxsize=4096)  # a worker's callers are few; the digest costs more than the bucket's arithmetic
 def bucket_key(tenant: str, principal: str) -> bytes:
     """A fixed-size key; never all zeros (that marks an empty slot)."""
     digest = hashlib.blake2b(f"{tenant}\x00{principal}".encode(), digest_size=16).digest()

@@ -121,6 +121,12 @@ def _context_var(key: str) -> contextvars.ContextVar[Any]:
 
 _REQUEST_ID_VAR = _context_var("request_id")
 _OUTCOME_VAR = _context_var("outcome")
+# Every ContextVar structlog ever made, by key (it only grows). While it holds just the two above, the
+# bound context is exactly them, so the summary line needs no walk over the whole context
+# (get_contextvars copies it and tests every variable's name); anything else bound takes that walk.
+_STRUCTLOG_VARS: dict[str, contextvars.ContextVar[Any]] = getattr(
+    structlog.contextvars, "_CONTEXT_VARS", {"": _REQUEST_ID_VAR, " ": _OUTCOME_VAR, "  ": _OUTCOME_VAR}
+)
 
 
 class LedgerTelemetry:
@@ -241,13 +247,18 @@ class RequestTelemetry:
         if not summary_enabled(level):
             return
         caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
-        context = structlog.contextvars.get_contextvars()
+        if len(_STRUCTLOG_VARS) <= 2:  # only ours (request_id, outcome): both are fields of the line
+            context: dict[str, Any] = {}
+            outcome = _OUTCOME_VAR.get()
+        else:  # something else bound structlog context: the line carries it too
+            context = structlog.contextvars.get_contextvars()
+            outcome = context.get("outcome")
         write_summary(
             level,
             "request",
             {
                 "request_id": request_id,
-                "outcome": context.get("outcome"),  # a bounded category (LedgerTelemetry)
+                "outcome": outcome,  # a bounded category (LedgerTelemetry)
                 "route": route,
                 "method": method,
                 "status": status,
