@@ -87,21 +87,13 @@ async def send_json(
 ) -> None:
     """One JSON answer: the two ASGI messages, headers as Litestar writes them (lower-case names);
     through the request's Exchange (http.telemetry) when there is one, which adds the request ID."""
-    body = _ENCODE(content)
-    exchange: Exchange | None = scope.get(EXCHANGE_KEY)  # type: ignore[assignment]  # set by RequestTelemetry
-    if exchange is not None:
-        await exchange.answer(status, headers, body)
-        return
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_encoded(scope, send, status, _ENCODE(content), headers)
 
 
 async def send_encoded(
     scope: Scope, send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
 ) -> None:
-    """send_json's two messages for a body already encoded (written out twice: one coroutine less on
-    every answer)."""
+    """send_json's answer for a body already encoded."""
     exchange: Exchange | None = scope.get(EXCHANGE_KEY)  # type: ignore[assignment]  # set by RequestTelemetry
     if exchange is not None:
         await exchange.answer(status, headers, body)
