@@ -60,7 +60,10 @@ async def test_a_worker_started_before_its_database_is_reachable_waits_then_serv
 
     task = asyncio.create_task(run())
     try:
-        await asyncio.sleep(1.5)  # the worker has met a refused connection several times by now
+        for _ in range(600):  # until the worker met a refused connection and said it retries (30 s at most)
+            if retried or task.done():
+                break
+            await asyncio.sleep(0.05)
         assert not started.done() and not task.done(), "the worker neither waited nor failed"
         assert retried and set(retried) == {"ConnectionRefusedError"}  # each refused attempt retried
         opened = time.monotonic()
