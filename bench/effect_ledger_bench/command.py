@@ -41,7 +41,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contention-executors", type=int, help="executors racing for hot IDs (default 64)")
     parser.add_argument("--hot-ids", type=int, help="IDs raced for (default 100)")
     parser.add_argument("--journal", action="store_true", default=None, help="measure the run journal too")
-    parser.add_argument("--workers", type=int, help="serve worker processes (default 2)")
+    parser.add_argument("--workers", type=int, help="serve worker processes (default 1, as serve)")
     parser.add_argument(
         "--generator",
         choices=("auto", "wrk", "python"),

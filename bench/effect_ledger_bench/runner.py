@@ -76,7 +76,9 @@ class BenchConfig:
     neighbour_duration: float = 10.0
     contention_executors: int = 64
     hot_ids: int = 100
-    workers: int = 2
+    # serve's own default: on 2 cores, one worker beside PostgreSQL beat two in the same sitting (723 against
+    # 504 cycles/s; docs/performance.md, round 5): one queue makes bigger natural batches
+    workers: int = 1
     generator: str = "auto"
     database_url: str | None = None
     journal: bool = False
