@@ -2,8 +2,11 @@
 
 Every directory with a pyproject.toml (the root and one level below it) is a distribution. Each is
 copied with its links resolved (the server's effect_ledger/migrations, the client's src/ links) and
-built without its build dependencies' isolation when they are setuptools (this environment has it);
-installs take their dependencies from the configured index, and the repository's own wheels by path.
+built without its build dependencies' isolation when they are setuptools (this environment has it).
+The dependencies of every install are fetched once, together, from the configured index (`download`:
+one resolution against the index instead of one per venv, which was most of the installs' CPU: pip
+scores every file of every project's index page); each venv's install then resolves its own
+distribution's requirements from its wheel's metadata against that folder, offline (`install`).
 """
 
 from __future__ import annotations
@@ -101,9 +104,27 @@ def build_all(into: Path) -> dict[str, Distribution]:
     return built
 
 
-def install(venv: Path, wheels: dict[str, Distribution], name: str, extras: str = "") -> Path:
-    """An empty venv with one distribution installed (its repository requirements from their wheels,
-    the rest from the index); returns its bin/ directory."""
+def download(into: Path, wheels: dict[str, Distribution], targets: list[tuple[str, str]]) -> Path:
+    """Every dependency of these (distribution, extras) installs, in one folder, from the configured
+    index: one resolution of all of them together. Returns the folder."""
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "-d",
+        into,
+        *sorted({f"{wheels[name].wheel}{extras}" for name, extras in targets}),
+        timeout=600,
+    )
+    return into
+
+
+def install(venv: Path, wheels: dict[str, Distribution], name: str, extras: str, found: Path) -> Path:
+    """An empty venv with one distribution installed: its repository requirements from their wheels,
+    the rest resolved from its metadata against `found` (download's folder) alone, without an index.
+    Returns its bin/ directory."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     wanted = [wheels[name]]
     todo = [wheels[name]]
@@ -122,6 +143,9 @@ def install(venv: Path, wheels: dict[str, Distribution], name: str, extras: str 
         "install",
         "-q",
         "--no-compile",  # no bytecode for a few imports: compiling every dependency costs more CPU than it saves
+        "--no-index",
+        "--find-links",
+        found,
         *targets,
         timeout=600,
     )
