@@ -510,11 +510,14 @@ class Bench:
         quiet, why = self.quiet()
         lean, service = self.layers.get("lean"), self.layers.get("service")
 
-        def ratio_row(name: str, value: float, goal: str, ok: bool, notes: str) -> None:
-            if quiet:
+        def ratio_row(name: str, value: float, goal: str, ok: bool, notes: str, empty: str = "") -> None:
+            # every ratio row is printed: on a busy machine, or when its denominator row finished no
+            # cycle (a short window under load), it says why instead of vanishing from the table
+            if quiet and not empty:
                 self.add(Row("7", name, f"{value:.2f}", target=f"{goal}: {verdict(ok)}", notes=notes))
             else:
-                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=f"busy: {why}"))
+                reason = f"busy: {why}" if not quiet else f"not measured: {empty}"
+                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=reason))
 
         if lean and service:
             to_lean = service.rate / lean.rate if lean.rate else float("nan")
@@ -534,17 +537,27 @@ class Bench:
                 f"{service.pg_ms():.2f} / {lean.pg_ms():.2f} ms",
             )
         unbatched = self.layers.get("unbatched")
-        if service and unbatched and unbatched.rate:
+        if service and unbatched:
             ratio_row(
                 "natural batching: service on / off, cycles/s",
-                service.rate / unbatched.rate,
+                service.rate / unbatched.rate if unbatched.rate else float("nan"),
                 "> 1 keeps it",
                 service.rate > unbatched.rate,
                 f"{service.rate:,.0f} / {unbatched.rate:,.0f} cycles/s; PostgreSQL "
                 f"{service.pg_ms():.2f} / {unbatched.pg_ms():.2f} ms per cycle",
+                empty="" if unbatched.rate else "the batching-off row finished no cycle",
             )
         log_off, log_again = self.layers.get("log_off"), self.layers.get("log_on_again")
-        if service and log_off and log_off.rate:
+        if service and log_off and not log_off.rate:
+            ratio_row(
+                "receipts log: service on / off, cycles/s",
+                float("nan"),
+                f">= {LOG_ON_TO_OFF:.2f}",
+                False,
+                "",
+                empty="the log-off row finished no cycle",
+            )
+        elif service and log_off:
             # on, off, on again: the mean of the two "on" rows brackets the "off" one, so the tables'
             # growth from row to row (each slows the next a little) cancels instead of counting as cost
             on = (service.rate + log_again.rate) / 2 if log_again and log_again.rate else service.rate

@@ -1,0 +1,63 @@
+"""Row 7 of the bench: every ratio row is printed, even when its denominator row finished no cycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from effect_ledger_bench.counters import Window
+from effect_ledger_bench.runner import Bench, BenchConfig, Layer
+
+
+def bench_with(rates: dict[str, int], load: float) -> Bench:
+    bench = Bench(BenchConfig(), cluster=None, workdir=Path("."))  # type: ignore[arg-type]
+    bench.load_before = load
+    for key, cycles in rates.items():
+        bench.layers[key] = Layer(
+            key, cycles, Window(url="", postmaster=None, seconds=1.0, postgres_cpu=cycles * 0.002)
+        )
+    return bench
+
+
+def ratio_rows(bench: Bench) -> dict[str, tuple[str, str]]:
+    bench.targets()
+    return {row.name: (row.rate, row.target) for row in bench.rows if row.step == "7"}
+
+
+LAYERS = ("lean", "service", "unbatched", "log_off", "log_on_again")
+
+
+def test_a_denominator_row_with_no_cycle_prints_not_measured_and_says_why() -> None:
+    bench = bench_with(dict(zip(LAYERS, (1000, 400, 0, 0, 380), strict=True)), load=0.1)
+    rows = ratio_rows(bench)
+    assert rows["natural batching: service on / off, cycles/s"] == (
+        "not reported",
+        "> 1 keeps it: NOT MEASURED",
+    )
+    assert rows["receipts log: service on / off, cycles/s"] == ("not reported", ">= 0.95: NOT MEASURED")
+    assert rows["service / lean yardstick, cycles/s"] == (
+        "0.40",
+        ">= 0.50: MISS",
+    )  # the quiet ones still print
+    notes = {row.name: row.notes for row in bench.rows if row.rate == "not reported"}
+    assert notes == {
+        "natural batching: service on / off, cycles/s": "not measured: the batching-off row finished no cycle",
+        "receipts log: service on / off, cycles/s": "not measured: the log-off row finished no cycle",
+    }
+
+
+def test_quiet_run_with_every_row_reports_every_ratio() -> None:
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580), strict=True)), load=0.1)
+    rows = ratio_rows(bench)
+    assert rows["natural batching: service on / off, cycles/s"] == ("2.00", "> 1 keeps it: PASS")
+    assert rows["receipts log: service on / off, cycles/s"] == ("0.95", ">= 0.95: PASS")  # (600+580)/2 / 620
+    why = [row.notes for row in bench.rows if row.name.startswith("natural batching")]
+    assert why == ["600 / 300 cycles/s; PostgreSQL 2.00 / 2.00 ms per cycle"]
+
+
+def test_busy_machine_withholds_every_ratio_with_the_reason() -> None:
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 0, 620, 580), strict=True)), load=6.77)
+    rows = ratio_rows(bench)
+    for name in ("service / lean yardstick, cycles/s", "natural batching: service on / off, cycles/s"):
+        assert rows[name][0] == "not reported"
+    busy = {row.notes for row in bench.rows if row.rate == "not reported"}
+    assert busy == {"busy: load average 6.77 > 1 at the start"}
