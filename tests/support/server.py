@@ -21,26 +21,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def uvicorn_config(app: Any, lifespan: Literal["on", "off"], **where: Any) -> uvicorn.Config:
+    """How every in-loop uvicorn of the tests serves an app."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan=lifespan,
+        access_log=False,
+        interface="asgi3",  # a bound method's signature would make uvicorn guess ASGI 2
+        # longer than httpx's 5 s keep-alive expiry, so the client always drops an idle connection
+        # first: with both at 5 s a busy machine let the server close one the client was reusing
+        # (httpx.ReadError in a chaos run at load 9, and in test_noisy_neighbour's flood in a suite run)
+        timeout_keep_alive=60,
+        **where,
+    )
+
+
 class LoopServer:
     """A uvicorn server running an ASGI app in this event loop, on a free loopback port."""
 
     def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            lifespan=lifespan,
-            access_log=False,
-            interface="asgi3",  # a bound method's signature would make uvicorn guess ASGI 2
-            # longer than httpx's 5 s keep-alive expiry, so the client always drops an idle connection
-            # first: with both at 5 s a busy machine let the server close one the client was reusing
-            # (httpx.ReadError in a chaos run at load 9)
-            timeout_keep_alive=60,
-        )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, lifespan, host="127.0.0.1", port=self.port))
         self.task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
@@ -126,10 +129,7 @@ class Service:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
             sock.listen(128)
-            config = uvicorn.Config(
-                self.app, log_level="warning", lifespan="off", access_log=False, interface="asgi3"
-            )
-            self.server = uvicorn.Server(config)
+            self.server = uvicorn.Server(uvicorn_config(self.app, "off"))
             self.task = asyncio.create_task(self.server.serve(sockets=[sock]))
             self._base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         return self._base_url
