@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +31,14 @@ from support.databases import Databases, catalogue
 from support.server import Service
 
 signatures.install()  # each handler's signature parsed once per run, not once per test's app
+
+# The suite's processes write bytecode, whatever the machine exports: with PYTHONDONTWRITEBYTECODE=1 (as
+# on the CI machines) every xdist worker re-ran pytest's assertion rewriting of every test module and
+# plugin on each collection (13 s of CPU instead of 6) and every child process (serve, the CLI, the
+# packaging venvs' commands) compiled the package from source again. Set before xdist starts its workers,
+# who inherit the environment; __pycache__/ is git-ignored.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
