@@ -62,10 +62,6 @@ UNSTORABLE: tuple[type[BaseException], ...] = (
 _DRIVER_FAILURES = (*UNAVAILABLE, *UNSTORABLE)
 
 
-def _encode_json(value: Any) -> str:
-    return msgspec.json.encode(value).decode("utf-8")
-
-
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release without asyncpg's RESET ALL/UNLISTEN/CLOSE round trip.
 
@@ -76,12 +72,28 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+def _encode_jsonb(value: Any) -> bytes:
+    return b"\x01" + msgspec.json.encode(value)  # jsonb's binary format: version 1, then the text
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return msgspec.json.decode(memoryview(data)[1:])
+
+
+async def set_json_codecs(conn: asyncpg.Connection) -> None:
+    """json and jsonb as Python values by msgspec, in the binary format: asyncpg decodes a composite
+    (the write path's `op` answer column) only from fields with binary codecs."""
+    await conn.set_type_codec(
+        "jsonb", encoder=_encode_jsonb, decoder=_decode_jsonb, schema="pg_catalog", format="binary"
+    )
+    await conn.set_type_codec(
+        "json", encoder=msgspec.json.encode, decoder=msgspec.json.decode, schema="pg_catalog", format="binary"
+    )
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     failover.keep_alive(conn)
-    for name in ("jsonb", "json"):
-        await conn.set_type_codec(
-            name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog"
-        )
+    await set_json_codecs(conn)
 
 
 def _server_settings(settings: Settings) -> dict[str, str]:
