@@ -11,7 +11,8 @@ from effect_ledger.settings import Settings
 
 SHOW = (
     "SELECT current_user, current_setting('statement_timeout'), current_setting('lock_timeout'),"
-    " current_setting('idle_in_transaction_session_timeout'), current_setting('application_name')"
+    " current_setting('idle_in_transaction_session_timeout'), current_setting('application_name'),"
+    " current_setting('citus.override_table_visibility')"
 )
 
 
@@ -36,7 +37,9 @@ async def test_every_connection_of_both_pools_has_the_timeouts(settings: Setting
                 for conn in held:
                     await pool.release(conn)
             assert len({id(conn) for conn in held}) == size
-            assert {tuple(row) for row in rows} == {(role, "4321ms", "1234ms", "5678ms", "effect-ledger")}
+            assert {tuple(row) for row in rows} == {
+                (role, "4321ms", "1234ms", "5678ms", "effect-ledger", "off")
+            }
             assert pool.get_max_size() == size
     finally:
         await pools.close()

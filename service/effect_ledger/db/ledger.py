@@ -94,30 +94,38 @@ class ClaimResult:
 
 def row_to_operation(row: Mapping[str, Any]) -> Operation:
     """Map a catalogue row (operation plus chain head and clock) to the domain object."""
+    return operation_of(row, row["db_now"], row.get("log_index"), "log_index" in row.keys())
+
+
+def operation_of(
+    op: Mapping[str, Any], now: Any, log_index: int | None = None, shows_log_index: bool = False
+) -> Operation:
+    """Map an operation row (a write-path answer's `op` composite, or a read's columns) read at the
+    database clock `now` to the domain object."""
     return Operation(
-        operation_id=row["operation_id"],
-        binding=Binding(row["principal"], row["tool"], row["tool_version"], row["intent_digest"]),
-        status=row["status"],
-        attempt=row["attempt"],
-        claim_token_hash=bytes(row["claim_token_hash"]),
-        client_nonce_hash=None if row["client_nonce_hash"] is None else bytes(row["client_nonce_hash"]),
-        sealed_token=None if row["sealed_token"] is None else bytes(row["sealed_token"]),
-        lease_seconds=row["lease_seconds"],
-        lease_expires_at=row["lease_expires_at"],
-        effect_ref=row["effect_ref"],
-        receipt=row["receipt"],
-        not_applied_reason=row["not_applied_reason"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        submitted_at=row["submitted_at"],
-        resolved_at=row["resolved_at"],
-        resolved_by=row["resolved_by"],
-        last_seq=row["chain_seq"],
-        last_hash=row["chain_hash"],
-        now=row["db_now"],
-        receipt_digest=row.get("receipt_digest"),
-        log_index=row.get("log_index"),
-        shows_log_index="log_index" in row.keys(),
+        operation_id=op["operation_id"],
+        binding=Binding(op["principal"], op["tool"], op["tool_version"], op["intent_digest"]),
+        status=op["status"],
+        attempt=op["attempt"],
+        claim_token_hash=bytes(op["claim_token_hash"]),
+        client_nonce_hash=None if op["client_nonce_hash"] is None else bytes(op["client_nonce_hash"]),
+        sealed_token=None if op["sealed_token"] is None else bytes(op["sealed_token"]),
+        lease_seconds=op["lease_seconds"],
+        lease_expires_at=op["lease_expires_at"],
+        effect_ref=op["effect_ref"],
+        receipt=op["receipt"],
+        not_applied_reason=op["not_applied_reason"],
+        created_at=op["created_at"],
+        updated_at=op["updated_at"],
+        submitted_at=op["submitted_at"],
+        resolved_at=op["resolved_at"],
+        resolved_by=op["resolved_by"],
+        last_seq=op["chain_seq"],
+        last_hash=op["chain_hash"],
+        now=now,
+        receipt_digest=op.get("receipt_digest"),
+        log_index=log_index,
+        shows_log_index=shows_log_index,
     )
 
 
@@ -147,7 +155,7 @@ def _settle(ledger: Ledger, call: str, row: Mapping[str, Any], binding: Binding 
     if code is OutcomeCode.NOT_FOUND:
         ledger.observer.observe(call, code, ())
         return Outcome(code, None, Refusal(code, "No such operation."))
-    op, events = row_to_operation(row), returned_events(row)
+    op, events = operation_of(row["op"], row["db_now"]), returned_events(row)
     if code not in REFUSALS:
         ledger.observer.observe(call, code if call == "claim" else op.effective_status, events)
         return Outcome(code, op, None, events)
@@ -156,7 +164,7 @@ def _settle(ledger: Ledger, call: str, row: Mapping[str, Any], binding: Binding 
     return Outcome(code, op, refusal, events)
 
 
-async def _call(ledger: Ledger, call: str, query: str, tenant: str, *args: Any) -> Mapping[str, Any]:
+async def _call(ledger: Ledger, call: str, query: str, tenant: str, *args: Any) -> Any:
     """Run one write-path function: one statement, one round trip; failures are counted, then raised."""
     try:
         pool, timeout = ledger.pool, ledger.acquire_timeout
@@ -165,7 +173,7 @@ async def _call(ledger: Ledger, call: str, query: str, tenant: str, *args: Any) 
         ledger.observer.observe(call, exc.code, ())
         raise
     assert row is not None  # the functions always return one row
-    return dict(row.items())
+    return row  # the asyncpg Record itself: outcome, events, db_now, ..., op (the row as a Record)
 
 
 def new_material(tenant: str, operation_id: str, nonce: str | None) -> tuple[str, AttemptMaterial]:
@@ -216,7 +224,7 @@ async def claim(
         raise DatabaseUnavailable("claim", "OperationVanished")
     if verdict in APPROVAL_REFUSALS:  # no operation created or changed; the gate's request is the answer
         ledger.observer.observe("claim", verdict, ())
-        existing = None if row["operation_id"] is None else row_to_operation(row)
+        existing = None if row["op"] is None else operation_of(row["op"], row["db_now"])
         refusal = Refusal(verdict, _APPROVAL_DETAIL[verdict])
         approval = view_of(row["approval"], row["db_now"])
         expired = int(row["approval"].get("expired_here", 0)) if row["approval"] else 0

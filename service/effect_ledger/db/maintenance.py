@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-import msgspec
 import structlog
 
 from effect_ledger.db import approvals, failover
@@ -29,6 +28,7 @@ from effect_ledger.db.diagnostics import purge_diagnostics
 from effect_ledger.db.journal import purge_idle_sessions
 from effect_ledger.db.journal_state import purge_expired_payloads
 from effect_ledger.db.ledger import UNOBSERVED, LedgerObserver, returned_events
+from effect_ledger.db.pools import server_settings, set_json_codecs
 from effect_ledger.db.urls import writable_url
 from effect_ledger.domain.model import UNKNOWN, EventDraft, receipt_digest
 from effect_ledger.settings import Settings
@@ -56,10 +56,6 @@ class RunResult:
         return {"task": self.task, "skipped": self.skipped, "batches": self.batches, **self.counts}
 
 
-def _json(value: Any) -> str:
-    return msgspec.json.encode(value).decode("utf-8")
-
-
 async def owner_connection(settings: Settings) -> asyncpg.Connection:
     """One owner connection with the service's timeouts and JSON codecs, on the writable primary.
 
@@ -70,16 +66,10 @@ async def owner_connection(settings: Settings) -> asyncpg.Connection:
     conn = await asyncpg.connect(
         writable_url(settings.database_url),
         timeout=CONNECT_TIMEOUT_SECONDS,
-        server_settings={
-            "application_name": "effect-ledger-maintenance",
-            "statement_timeout": str(settings.statement_timeout_ms),
-            "lock_timeout": str(settings.lock_timeout_ms),
-            "idle_in_transaction_session_timeout": str(settings.idle_in_transaction_timeout_ms),
-        },
+        server_settings=server_settings(settings, "effect-ledger-maintenance"),
     )
     failover.keep_alive(conn)
-    for name in ("jsonb", "json"):
-        await conn.set_type_codec(name, encoder=_json, decoder=msgspec.json.decode, schema="pg_catalog")
+    await set_json_codecs(conn)  # binary: run_sweep answers the row as one composite
     return conn
 
 
