@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
-import psycopg
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import READER_ROLE, RUNTIME_ROLE, derived_password, writable_url
 from effect_ledger.settings import Settings
+
+if TYPE_CHECKING:  # Alembic (with SQLAlchemy) and psycopg load only to migrate: serve starts without them
+    import psycopg
+    from alembic.config import Config
+
+_REVISION = re.compile(
+    r"^(down_revision|revision)\s*(?::[^=]*)?=\s*(?:\"([^\"]*)\"|'([^']*)'|None)", re.MULTILINE
+)
 
 
 def migrations_dir() -> Path:
@@ -23,6 +28,8 @@ def migrations_dir() -> Path:
 
 def alembic_config(database_url: str) -> Config:
     """An Alembic config for one database, built in code (no alembic.ini needed)."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("effect_ledger.url", database_url)
@@ -30,10 +37,19 @@ def alembic_config(database_url: str) -> Config:
 
 
 def head_revision() -> str:
-    """The newest migration in alembic/."""
-    head = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
-    assert head is not None
-    return head
+    """The newest migration: the one revision no other migration names as its down_revision, read from
+    the files' text (the app checks it at start-up: Alembic's ScriptDirectory imported Alembic,
+    SQLAlchemy and every migration module, half a second of each serve process's start)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in sorted((migrations_dir() / "versions").glob("*.py")):
+        for name, double, single in _REVISION.findall(script.read_text("utf-8")):
+            value = double or single
+            if value:
+                (revisions if name == "revision" else parents).add(value)
+    heads = revisions - parents
+    assert len(heads) == 1, f"migrations with no successor: {sorted(heads)}"
+    return heads.pop()
 
 
 async def _set_passwords(settings: Settings) -> None:
@@ -55,12 +71,15 @@ async def _set_passwords(settings: Settings) -> None:
 
 async def migrate(settings: Settings) -> None:
     """Upgrade the database to head, then give the service roles their login passwords."""
+    from alembic import command
+
     assert settings.database_url
     command.upgrade(alembic_config(settings.database_url), "head")
     await _set_passwords(settings)
 
 
 def _dbapi_connection() -> psycopg.Connection[Any]:
+    import psycopg
     from alembic import op
 
     conn = op.get_bind().connection.dbapi_connection
@@ -91,6 +110,8 @@ def apply_functions() -> None:
 
 def _catalogue(name: str, *params: object) -> Any:
     """Run a catalogue statement ($n parameters, as asyncpg takes them) on the migration's connection."""
+    import psycopg
+
     with psycopg.RawCursor(_dbapi_connection()) as cursor:
         cursor.execute(sql(name), params)
         return cursor.fetchone() if cursor.description else None
