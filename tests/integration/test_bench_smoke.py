@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -11,19 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
-import httpx
 import pytest
 
 from effect_ledger.settings import Settings
-from effect_ledger_bench.workload import (
-    PRINCIPAL,
-    SCOPE,
-    TENANT,
-    claim_body,
-    claim_path,
-    complete_body,
-    submit_body,
-)
+from effect_ledger_bench.inprocess import Driver
+from effect_ledger_bench.inprocess import cycles as full_cycles
+from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 from effect_ledger_bench.wrk import wrk_load, wrk_path
 from support.auth import token
 from support.server import Service
@@ -105,34 +97,13 @@ async def test_wrk_script_runs_full_cycles_then_replays_them(
         await wrk_cycles_then_replays(service, db_url, tmp_path)
 
 
-async def warm_cycles(base_url: str, tokens: list[str]) -> None:
-    """One full cycle per wrk connection first, with the bench's own bodies, as the bench's warm-up does:
-    a cold service's first claims (new pool connections, prepared statements, type introspection) took
-    1.3 s under a suite's load, longer than wrk's window, which then finished no cycle."""
-
-    async def cycle(http: httpx.AsyncClient, op_id: str, bearer: str) -> None:
-        headers = {"authorization": f"Bearer {bearer}"}
-        claimed = await http.post(
-            claim_path(op_id, "claim"), json=claim_body(op_id, f"nonce-{op_id}-0123456789"), headers=headers
-        )
-        assert claimed.status_code == 201, claimed.text
-        grant = claimed.json()["claim"]["token"]
-        submitted = await http.post(
-            claim_path(op_id, "submit"), json=submit_body(grant, op_id), headers=headers
-        )
-        assert submitted.status_code == 200, submitted.text
-        done = await http.post(
-            claim_path(op_id, "complete"), json=complete_body(grant, op_id), headers=headers
-        )
-        assert done.status_code == 200, done.text
-
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
-        await asyncio.gather(*(cycle(http, f"warm-{n}", bearer) for n, bearer in enumerate(tokens)))
-
-
 async def wrk_cycles_then_replays(service: Service, db_url: str, tmp_path: Path) -> None:
     tokens = [token(TENANT, PRINCIPAL, SCOPE) for _ in range(4)]
-    await warm_cycles(service.base_url, tokens)
+    # one full cycle per wrk connection first, through the same app in process (the bench's own
+    # cycles): a cold service's first claims (new pool connections, prepared statements, type
+    # introspection) took 1.3 s under a suite's load, longer than wrk's window, which then had no cycle
+    warmed = await full_cycles(Driver(service.app), tokens, len(tokens), len(tokens), "warm")
+    assert warmed == {"claim 201": 4, "submit 200": 4, "complete 200": 4}
     cycles = await wrk_load("cycle", service.base_url, tmp_path, tokens, 4, 1.0, "wrk")
     assert cycles.generator == "wrk" and cycles.errors == {}
     assert cycles.cycles >= 1 and len(cycles.calls["complete"]) == cycles.cycles
