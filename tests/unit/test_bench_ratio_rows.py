@@ -61,3 +61,20 @@ def test_busy_machine_withholds_every_ratio_with_the_reason() -> None:
         assert rows[name][0] == "not reported"
     busy = {row.notes for row in bench.rows if row.rate == "not reported"}
     assert busy == {"busy: load average 6.77 > 1 at the start"}
+
+
+def test_a_lean_row_without_cycles_or_without_postgresql_cpu_says_which() -> None:
+    bench = bench_with(dict(zip(LAYERS, (0, 600, 300, 620, 580), strict=True)), load=0.1)
+    rows = ratio_rows(bench)
+    assert rows["service / lean yardstick, cycles/s"] == ("not reported", ">= 0.50: NOT MEASURED")
+    elsewhere = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580), strict=True)), load=0.1)
+    for layer in elsewhere.layers.values():
+        layer.window.postgres_cpu = None  # EFFECT_LEDGER_DATABASE_URL: PostgreSQL's processes are not ours
+    rows = ratio_rows(elsewhere)
+    assert rows["service / lean yardstick, cycles/s"] == ("0.60", ">= 0.50: PASS")
+    assert rows["PostgreSQL CPU per cycle, service / lean"] == ("not reported", "<= 1.5: NOT MEASURED")
+    notes = {row.name: row.notes for row in bench.rows + elsewhere.rows if row.rate == "not reported"}
+    assert notes == {
+        "service / lean yardstick, cycles/s": "not measured: the lean yardstick row finished no cycle",
+        "PostgreSQL CPU per cycle, service / lean": "not measured: PostgreSQL runs elsewhere, its CPU is not seen",
+    }
