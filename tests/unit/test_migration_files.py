@@ -50,17 +50,3 @@ def test_head_revision_read_from_the_files_is_alembics_head() -> None:
     alembic_head = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
     last = _header(VERSIONS[-1])[2]
     assert head_revision() == alembic_head == last
-
-
-def test_the_app_starts_without_importing_alembic_sqlalchemy_or_psycopg() -> None:
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys, effect_ledger.cli, effect_ledger.http.app;"
-        " print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'sqlalchemy', 'psycopg'}))"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert run.stdout.strip() == "[]"
