@@ -23,11 +23,17 @@ RSS_PER_WORKER_MB = 150.0
 # run (the machine's busy time from /proc/stat minus PostgreSQL's, the server's, the clients' and this
 # process's) stays under QUIET_OTHER_CORES. The load average after the run is printed but not judged:
 # the run itself keeps both cores busy, so it is high on a quiet machine too.
+# A third: the lean yardstick runs twice, before and after the full service (as the issue's hidden
+# check does), and the ratios against it use the mean of the two; when the two differ by more than
+# LEAN_DRIFT (the machine changed speed during the run: the same pgbench work has run at 0.31 - 0.98 ms
+# of PostgreSQL CPU per cycle in different sittings), no ratio against it means anything either.
 QUIET_LOAD = 1.0
 QUIET_OTHER_CORES = 0.15
+LEAN_DRIFT = 1.5
 QUIET_RULE = (
-    f"ratios only when the load average at the start <= {QUIET_LOAD:g} and other processes used "
-    f"<= {QUIET_OTHER_CORES:g} cores during every layer"
+    f"ratios only when the load average at the start <= {QUIET_LOAD:g}, other processes used "
+    f"<= {QUIET_OTHER_CORES:g} cores during every layer, and the lean yardstick before and after the "
+    f"service agree within {LEAN_DRIFT:g} x (cycles/s and PostgreSQL CPU per cycle)"
 )
 
 
