@@ -199,8 +199,9 @@ def test_deeply_nested_jwt_like_header_does_not_crash() -> None:
     assert looks_like_credential(header + ".e30.") is False
 
 
-# The shortcut for short plain words (screening._PLAIN_WORD) against the full screen: words built
-# from the plain alphabet and pieces of every shape the full screen knows, so that both answers occur.
+# The shortcut for plain words (screening._PLAIN_WORD) against the full screen: words built from the
+# plain alphabet and pieces of every shape the full screen knows (random runs, UUIDs and prefixed IDs
+# among them, for words of 32 characters and more), so that both answers occur.
 _PIECES = [
     "AKIA",
     "ASIA",
@@ -214,6 +215,10 @@ _PIECES = [
     "whsec_",
     "op-",
     "req_",
+    "github_pat_",
+    "0f8fad5b-d9cb-469f-a165-70867728950e",
+    "Q7mZp2Lx9VbR4tKw8NcH3sYd6FgJ1uEa",
+    "ab12" * 8,
 ]
 
 
@@ -225,7 +230,7 @@ _PIECES = [
             st.text(alphabet=string.ascii_letters + string.digits + "_-", max_size=12),
             st.sampled_from(_PIECES),
         ),
-        max_size=6,
+        max_size=8,
     ).map("".join)
 )
 def test_the_plain_word_shortcut_answers_as_the_full_screen(word: str) -> None:
@@ -238,3 +243,17 @@ def test_the_plain_word_shortcut_answers_as_the_full_screen(word: str) -> None:
 )
 def test_short_plain_words_of_a_credential_shape_are_still_caught(word: str) -> None:
     assert len(word) < 32 and looks_like_credential(word) and _screened(word)
+
+
+@pytest.mark.parametrize(
+    ("word", "credential"),
+    [
+        ("0f8fad5b-d9cb-469f-a165-70867728950e", False),  # a UUID operation ID
+        ("icledger-1764650000000000000-12345", False),  # a long slug of words and digits
+        ("op-" + MIXED[:40], False),  # a prefixed ID names something
+        (MIXED[:40], True),  # a random run of 40 is key material
+        ("prefix-" + MIXED[:40], True),
+    ],
+)
+def test_long_plain_words_take_the_shortcut_with_the_full_screens_answer(word: str, credential: bool) -> None:
+    assert len(word) >= 32 and looks_like_credential(word) is credential and _screened(word) is credential

@@ -75,24 +75,25 @@ _SECRET_KEY = object()  # stack marker: report this path, the key itself is the 
 _PLACEHOLDER = re.compile(r"(?i)[*x•.]+|\[redacted]|<redacted>|redacted")
 
 
-# A short plain word (letters, digits, `_`, `-`; fewer than 32 characters) can match only the shapes
-# below that need no other character and fit in 31: AWS key IDs (AKIA/ASIA), Slack (xox…), Stripe
-# (sk_/rk_), and sk- keys. Every other shape needs whitespace, `.`, `:`, `=`, `/`, `+` or 32+
-# characters (the random-token rule's run; GitHub, Google, webhook, claim-token and PEM shapes are
-# longer too). Such words are most of what is screened (operation IDs, tenants, principals in every
-# request's log line), so they are answered without the ten scans; tests/unit/test_screening.py
-# checks the shortcut against the full screen.
-# One scan: up to 31 plain characters, none of them starting one of those shapes (or the longer
-# vendor prefixes, for good measure).
-_PLAIN_WORD = re.compile(
-    r"(?:(?!AKIA|ASIA|xox|sk_|rk_|sk-|gh|AIza|clt_|whsec_|github_pat_)[A-Za-z0-9_-]){0,31}"
-)
+# A plain word (letters, digits, `_`, `-`) can match only the shapes below that need no other
+# character: AWS key IDs (AKIA/ASIA), Slack (xox…), Stripe (sk_/rk_), sk- keys, and the longer vendor
+# prefixes (GitHub, Google, webhook, claim tokens). Every other shape needs whitespace, `.`, `:`, `=`,
+# `/`, `+` or `://` (bearer and basic credentials, JWTs, assignments, URLs, labelled digests, PEM).
+# Such words are most of what is screened (operation IDs, tenants, principals in every request's log
+# line), so a plain word free of those prefixes skips the vendor, bearer, JWT, assignment and URL scans:
+# under 32 characters it is harmless (the random-token rule needs 32), longer it is judged by shape
+# alone, as the full screen judges it (UUIDs and prefixed IDs blanked first).
+# tests/unit/test_screening.py checks the shortcut against the full screen.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_-]*")
+_SHAPE_PREFIX = re.compile(r"AKIA|ASIA|xox|sk_|rk_|sk-|gh|AIza|clt_|whsec_|github_pat_")
+_HARMLESS = (_URL, _DIGEST, _UUID, _ID_PREFIXED)
+_HARMLESS_IN_WORDS = (_UUID, _ID_PREFIXED)  # URLs and labelled digests need `:` or `=`
 
 
 def looks_like_credential(value: str) -> bool:
     """Return True if the string is, or contains, something shaped like a credential."""
-    if _PLAIN_WORD.fullmatch(value) is not None:
-        return False
+    if _PLAIN_WORD.fullmatch(value) is not None and _SHAPE_PREFIX.search(value) is None:
+        return len(value) >= 32 and _random_remainder(value, _HARMLESS_IN_WORDS)
     return _screened(value)
 
 
@@ -110,9 +111,13 @@ def _screened(value: str) -> bool:
         return True
     if any(_url_carries_secret(match.group(0)) for match in _URL.finditer(value)):
         return True
-    # What remains is judged by shape alone, so first blank out what is known to be harmless.
+    return _random_remainder(value)
+
+
+def _random_remainder(value: str, blanked: tuple[re.Pattern[str], ...] = _HARMLESS) -> bool:
+    """What remains is judged by shape alone, so first blank out what is known to be harmless."""
     remainder = value
-    for harmless in (_URL, _DIGEST, _UUID, _ID_PREFIXED):
+    for harmless in blanked:
         remainder = harmless.sub(" ", remainder)
     return any(_is_random_token(match.group(0)) for match in _TOKEN.finditer(remainder))
 
@@ -152,9 +157,15 @@ def _member_path(parent: str, key: str) -> str:
 
 
 def _char_classes(text: str) -> int:
+    """How many of lower case, upper case and digits occur in `text`."""
+    if text.isascii():  # the usual case (every token shape is ASCII): three C-level passes
+        return (text.upper() != text) + (text.lower() != text) + (_ASCII_DIGIT.search(text) is not None)
     return sum(
         (any(c.islower() for c in text), any(c.isupper() for c in text), any(c.isdigit() for c in text))
     )
+
+
+_ASCII_DIGIT = re.compile(r"[0-9]")
 
 
 def _is_placeholder(text: str) -> bool:
@@ -226,8 +237,19 @@ def _url_carries_secret(url: str) -> bool:
 
 
 def _entropy_bits_per_char(text: str) -> float:
-    counts = Counter(text)
-    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
+    """Shannon entropy per character: log2(L) - sum(n * log2(n)) / L over the characters' counts n
+    (the n * log2(n) of the counts a token has, up to 256, from a table)."""
+    counts = Counter(text).values()
+    length = len(text)
+    if length <= _XLOGX_MAX:
+        spread = sum(map(_XLOGX.__getitem__, counts))
+    else:
+        spread = sum(n * math.log2(n) for n in counts)
+    return math.log2(length) - spread / length
+
+
+_XLOGX_MAX = 256
+_XLOGX = [0.0, *(n * math.log2(n) for n in range(1, _XLOGX_MAX + 1))]
 
 
 def _is_random_hex(text: str) -> bool:
@@ -253,7 +275,7 @@ def _is_random_token(token: str) -> bool:
     # Separators every few characters mean words: slugs, paths, snake_case
     # ("gpt-4o-mini-2024-07-18", "EVP_PKEY_CTX_set0"). Random base64 has about one per 32
     # characters, so only fragments that are clearly random still count.
-    if sum(c in "-_/+" for c in bare) > len(bare) // 10:
+    if bare.count("-") + bare.count("_") + bare.count("/") + bare.count("+") > len(bare) // 10:
         single_case = bare.lower() == bare or bare.upper() == bare
         return not single_case and mean_piece <= 2.5
     return mean_piece <= 3.25
