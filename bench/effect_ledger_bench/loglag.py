@@ -52,6 +52,23 @@ class LagSampler:
         return lags(self.samples, target)
 
 
+async def settle(url: str, tenant: str, limit: float = 60.0, every: float = 0.1) -> tuple[float, bool]:
+    """Wait until the tenant's log holds every receipt committed so far (the integrator caught up on
+    receipts committed while it was not running), at most `limit` seconds: (seconds waited, caught up)."""
+    conn = await asyncpg.connect(url)
+    started = time.monotonic()
+    try:
+        while True:
+            row = await conn.fetchrow(sql("bench_log_progress"), tenant)
+            if int(row["logged"]) >= int(row["committed"]):
+                return time.monotonic() - started, True
+            if time.monotonic() - started >= limit:
+                return time.monotonic() - started, False
+            await asyncio.sleep(every)
+    finally:
+        await conn.close()
+
+
 def lags(samples: list[tuple[float, int, int]], upto: int) -> list[float]:
     """Per receipt k in (first committed, upto]: first time logged >= k minus first time committed >= k."""
     if not samples:

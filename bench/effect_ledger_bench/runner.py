@@ -27,7 +27,7 @@ from effect_ledger_bench.growth import load_history, table_sizes
 from effect_ledger_bench.inprocess import event_loop_name, run_in_process_as_served
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
-from effect_ledger_bench.loglag import LagSampler
+from effect_ledger_bench.loglag import LagSampler, settle
 from effect_ledger_bench.neighbour import (
     FLOOD_PRINCIPAL,
     FLOOD_TASKS,
@@ -237,7 +237,9 @@ class Bench:
 
     async def lean_again(self, url: str) -> None:
         """1f'. The lean yardstick once more, after the full service: the ratios use the mean of both."""
-        await self.pgbench_row(url, "lean_again", "lean", "lean yardstick again after the service, pgbench", 40)
+        await self.pgbench_row(
+            url, "lean_again", "lean", "lean yardstick again after the service, pgbench", 40
+        )
 
     async def pgbench_row(self, url: str, key: str, kind: str, name: str, base: int) -> None:
         """One pgbench layer (`base`: keeps op IDs unique per script and run)."""
@@ -300,6 +302,9 @@ class Bench:
         progress(f"service: serve --workers {c.workers}")
         await service.start()
         try:
+            # the ASGI row's last receipts first, so that this row's window does not integrate them
+            waited, done = await settle(url, TENANT)
+            progress(f"service: receipts log {'caught up' if done else 'NOT caught up'} in {waited:.1f} s")
             gen = self.generator(service)
             window = self.window(url, service.cpu_seconds)
             progress(
@@ -320,14 +325,26 @@ class Bench:
         finally:
             await service.stop()
 
-    async def variant_phase(self, url: str, key: str, name: str, env: dict[str, str], prefix: str) -> None:
+    async def variant_phase(
+        self, url: str, key: str, name: str, env: dict[str, str], prefix: str, settled: bool = False
+    ) -> None:
         """1g-h. The full service again with one setting changed (natural batching off, the receipts
-        log off), in the same run, measured after the main row on the same tables."""
+        log off), in the same run, measured after the main row on the same tables. `settled`: first wait
+        until the receipts log has caught up on the receipts committed while it was off (the log-on-
+        again row: otherwise its window pays the log-off row's integration, counted as the log's cost)."""
         c = self.config
         service = ServiceProcess(url, self.secret, c.workers, self.workdir, env)
         progress(f"service, {name}: serve with {' '.join(f'{k}={v}' for k, v in env.items())}")
         await service.start()
         try:
+            caught_up = ""
+            if settled:
+                waited, done = await settle(url, TENANT)
+                caught_up = (
+                    f"; log caught up in {waited:.1f} s first"
+                    if done
+                    else (f"; log NOT caught up after {waited:.0f} s")
+                )
             gen = self.generator(service)
             window = self.window(url, service.cpu_seconds)
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, prefix)
@@ -336,7 +353,8 @@ class Bench:
                 f"full service, {name}, {c.concurrency} executors",
                 r.cycles,
                 window,
-                f"{self.generator_name}, {errors_note(r)}; claim p99 {ms(r.latency('claim').p99)} ms",
+                f"{self.generator_name}, {errors_note(r)}; claim p99 {ms(r.latency('claim').p99)} ms"
+                + caught_up,
             )
         finally:
             await service.stop()
@@ -728,6 +746,7 @@ async def run_bench(config: BenchConfig) -> str:
                 "receipts log on again (LOG_ENABLED=true)",
                 {"EFFECT_LEDGER_LOG_ENABLED": "true"},
                 "lon",
+                settled=True,
             ),
         ]
         if config.growth_sizes:
