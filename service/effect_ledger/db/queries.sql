@@ -748,11 +748,25 @@ ON CONFLICT (tenant_id) DO UPDATE SET last_position = GREATEST(ledger.feed_count
 -- name: log_batch_chains
 -- The operations of an integration batch with their events in (operation_id, seq) order: each chain
 -- is recomputed, and each receipt compared with the event that recorded it, before it is logged.
+-- One primary-key probe per operation and per operation's events, whatever the statistics say (the
+-- OFFSET 0 keeps each LATERAL a parameterised lookup): written as one join, on a table whose statistics
+-- lagged behind its growth (a new deployment), the planner hashed every event of the tenant for each
+-- 64-operation slice (5.5 ms against 1.1 ms at 9,300 events, and growing with the tenant).
 SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.purged_seq, o.purged_hash,
        e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
-FROM ledger.operations AS o
-LEFT JOIN ledger.events AS e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id
-WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[])
+FROM (SELECT DISTINCT unnest($2::text[])) AS k(operation_id)
+CROSS JOIN LATERAL (
+    SELECT o.operation_id, o.status, o.attempt, o.purged_seq, o.purged_hash
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = k.operation_id
+    OFFSET 0
+) AS o
+LEFT JOIN LATERAL (
+    SELECT e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
+    FROM ledger.events AS e
+    WHERE e.tenant_id = $1 AND e.operation_id = o.operation_id
+    OFFSET 0
+) AS e ON true
 ORDER BY o.operation_id, e.seq;
 
 -- Approvals (docs/api.md section 15, migration 0011). The gate runs inside run_claim; decide and
