@@ -69,6 +69,12 @@ async def settle(url: str, tenant: str, limit: float = 60.0, every: float = 0.1)
         await conn.close()
 
 
+async def settled_note(url: str, tenant: str) -> str:
+    """settle(), as the note a measured row carries: how long the log took to catch up first."""
+    waited, done = await settle(url, tenant)
+    return f"; log caught up in {waited:.1f} s first" if done else f"; log NOT caught up after {waited:.0f} s"
+
+
 def lags(samples: list[tuple[float, int, int]], upto: int) -> list[float]:
     """Per receipt k in (first committed, upto]: first time logged >= k minus first time committed >= k."""
     if not samples:

@@ -27,7 +27,7 @@ from effect_ledger_bench.growth import load_history, table_sizes
 from effect_ledger_bench.inprocess import event_loop_name, run_in_process_as_served
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
-from effect_ledger_bench.loglag import LagSampler, settle
+from effect_ledger_bench.loglag import LagSampler, settled_note
 from effect_ledger_bench.neighbour import (
     FLOOD_PRINCIPAL,
     FLOOD_TASKS,
@@ -303,8 +303,7 @@ class Bench:
         await service.start()
         try:
             # the ASGI row's last receipts first, so that this row's window does not integrate them
-            waited, done = await settle(url, TENANT)
-            progress(f"service: receipts log {'caught up' if done else 'NOT caught up'} in {waited:.1f} s")
+            caught_up = await settled_note(url, TENANT)
             gen = self.generator(service)
             window = self.window(url, service.cpu_seconds)
             progress(
@@ -316,7 +315,7 @@ class Bench:
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, "cyc")
             rss = service.rss_mb()
             self.log_lags = await lag.finish()
-            self._service_rows(r, window, rss)
+            self._service_rows(r, window, rss, caught_up)
             await self.replay(gen, url)
             await self.contention(gen)
             await self.neighbour(gen)
@@ -337,14 +336,7 @@ class Bench:
         progress(f"service, {name}: serve with {' '.join(f'{k}={v}' for k, v in env.items())}")
         await service.start()
         try:
-            caught_up = ""
-            if settled:
-                waited, done = await settle(url, TENANT)
-                caught_up = (
-                    f"; log caught up in {waited:.1f} s first"
-                    if done
-                    else (f"; log NOT caught up after {waited:.0f} s")
-                )
+            caught_up = await settled_note(url, TENANT) if settled else ""
             gen = self.generator(service)
             window = self.window(url, service.cpu_seconds)
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, prefix)
@@ -359,14 +351,14 @@ class Bench:
         finally:
             await service.stop()
 
-    def _service_rows(self, r: LoadResult, window: Window, rss: list[float]) -> None:
+    def _service_rows(self, r: LoadResult, window: Window, rss: list[float], caught_up: str) -> None:
         c = self.config
         self.layer(
             "service",
             f"full service: serve --workers {c.workers}, {c.concurrency} executors over HTTP",
             r.cycles,
             window,
-            f"{self.generator_name}, {errors_note(r)}",
+            f"{self.generator_name}, {errors_note(r)}{caught_up}",
         )
         cycles = max(r.cycles, 1)
         self.service_cpu_per_request_ms = (window.python_cpu or 0.0) / (3 * cycles) * 1000

@@ -30,7 +30,8 @@ ROWS = [
     rf"1 +asyncpg alone, same statements, 1 process +[\d,]+ cycles/s +{PER_CYCLE}",
     rf"1 +ASGI app in process \(no HTTP server\), 1 process +[\d,]+ cycles/s +{PER_CYCLE}.*"
     r"[\d.]+ ms Python per request \((?:uvloop|asyncio)\); a 429 before routing \d+ us \(\d+ refused\); 0 errors",
-    rf"1 +full service: serve --workers 1, 16 executors over HTTP +[\d,]+ cycles/s +{PER_CYCLE}.*0 errors",
+    rf"1 +full service: serve --workers 1, 16 executors over HTTP +[\d,]+ cycles/s +{PER_CYCLE}.*0 errors"
+    r"; log caught up in [\d.]+ s first",
     rf"1 +lean yardstick again after the service, pgbench, 16 clients +[\d,]+ cycles/s +{PER_CYCLE}.*0 failed",
     rf"1 +full service, natural batching off \(WRITE_BATCH_MAX=1\), 16 executors +[\d,]+ cycles/s +{PER_CYCLE}"
     r".*0 errors; claim p99 [\d.]+ ms",

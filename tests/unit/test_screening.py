@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import string
 import time
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from effect_ledger.domain import screening
 from effect_ledger.domain.screening import _screened, find_credentials, looks_like_credential
 
 # Fake secrets are assembled from pieces so that this file holds no literal that a
@@ -257,3 +260,22 @@ def test_short_plain_words_of_a_credential_shape_are_still_caught(word: str) -> 
 )
 def test_long_plain_words_take_the_shortcut_with_the_full_screens_answer(word: str, credential: bool) -> None:
     assert len(word) >= 32 and looks_like_credential(word) is credential and _screened(word) is credential
+
+
+# The rewritten helpers against their textbook forms: the ASCII path of the character classes
+# (str.upper/lower and one digit search) and the entropy from a table of n*log2(n).
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=string.printable, max_size=80))
+def test_char_classes_of_ascii_text_are_the_textbook_count(text: str) -> None:
+    textbook = sum(
+        (any(c.islower() for c in text), any(c.isupper() for c in text), any(c.isdigit() for c in text))
+    )
+    assert screening._char_classes(text) == textbook
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=string.ascii_letters + string.digits + "+/_=-", min_size=1, max_size=300))
+def test_entropy_is_the_textbook_shannon_entropy(text: str) -> None:
+    counts = Counter(text)
+    textbook = -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
+    assert screening._entropy_bits_per_char(text) == pytest.approx(textbook, abs=1e-12)
