@@ -6,10 +6,11 @@ starts `serve` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's 
 machine) once per round, with the same settings every time, drives full effect cycles from the
 bench's generator (wrk when installed) and prints per round: cycles/s, serve's CPU per request, and
 PostgreSQL's CPU per cycle split by process kind. Autovacuum workers live for a fraction of a second
-and the postmaster reaps them, so PostgreSQL's processes are sampled every 0.1 s from a thread
-(a worker's CPU before its first sample, under 0.1 s, is missed; so is the last 0.1 s of one that
-ends). Identical rounds that differ by a quarter are the machine, not the code: the figure to read
-before trusting a single row of `effect-ledger bench`. Not part of `effect-ledger bench`.
+and the postmaster reaps them, so PostgreSQL's processes are sampled every 0.1 s from a thread: an
+autovacuum worker counts from its start, a backend opened between two samples from its first sample
+(at most its first 0.1 s is missed), and the last 0.1 s of any process that ends is missed.
+Identical rounds that differ by a quarter are the machine, not the code: the figure to read before
+trusting a single row of `effect-ledger bench`. Not part of `effect-ledger bench`.
 """
 
 from __future__ import annotations
