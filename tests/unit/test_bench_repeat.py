@@ -1,10 +1,14 @@
-"""bench's repeat tool: PostgreSQL's processes told apart by their titles, as ps shows them."""
+"""bench's repeat tool: PostgreSQL's processes told apart by their titles, as ps shows them, and
+the sampler that adds up their CPU."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from effect_ledger_bench.repeat import kind_of
+from effect_ledger_bench.repeat import Sampler, kind_of
 
 
 @pytest.mark.parametrize(
@@ -21,7 +25,42 @@ from effect_ledger_bench.repeat import kind_of
         ("postgres: postgres effect_ledger_repeat 127.0.0.1(40000) SELECT", "backend"),
         ("/usr/lib/postgresql/15/bin/postgres -D /tmp/data", "other"),
         ("postgres: stats", "other"),
+        # with cluster_name set, the name comes first
+        ("postgres: main: checkpointer", "auxiliary"),
+        ("postgres: main: autovacuum worker effect_ledger_repeat", "autovacuum"),
+        ("postgres: main: effect_ledger_runtime effect_ledger_repeat 127.0.0.1(51234) idle", "backend"),
     ],
 )
 def test_each_process_title_gets_its_kind(title: str, kind: str) -> None:
     assert kind_of(title.split()) == kind
+
+
+def test_the_sampler_counts_a_child_process_cpu_from_the_sample_that_first_sees_it() -> None:
+    # A parent of its own (this process may have other children: xdist, the suite's early jobs) starts
+    # one child, which idles first (the sampler sees it before it works), burns 0.5 s of its own CPU,
+    # then idles again so that a sample reads its final time before it ends.
+    burn = (
+        "import time\n"
+        "time.sleep(0.5)\n"
+        "start = time.process_time()\n"
+        "while time.process_time() - start < 0.5:\n"
+        "    pass\n"
+        "time.sleep(1.0)\n"
+    )
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "time.sleep(0.3)\n"
+        f"sys.exit(subprocess.call([sys.executable, '-c', {burn!r}]))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    sampler = Sampler(parent.pid)
+    sampler.start()
+    try:
+        assert parent.wait(timeout=30) == 0
+        spent = sampler.take()
+    finally:
+        sampler.stop()
+    # the 0.5 s it burned, plus at most its interpreter's start-up (before the first sample that saw
+    # it, not counted) and the idle waits
+    assert 0.45 <= spent["other"] <= 0.65, dict(spent)
+    assert set(spent) <= {"other"}
