@@ -184,6 +184,10 @@ async def script(base_url: str, prefix: str) -> list[Answer]:
 
 
 def _summaries(log: str, prefix: str) -> list[tuple[Any, ...]]:
+    """The request summary lines' fields, sorted: a line is written when the app's call returns, after
+    its last byte went out, so a client that sends its next request on receiving that byte can see
+    the next line written first (a streamed static file followed by a HEAD did, once): the servers must
+    write the same lines, not in the same order."""
     lines = []
     for line in log.splitlines():
         if not line.startswith("{"):
@@ -193,7 +197,7 @@ def _summaries(log: str, prefix: str) -> list[tuple[Any, ...]]:
             fields = ("method", "route", "status", "code", "outcome", "tenant", "principal", "operation_id")
             values = [entry[name] for name in fields]
             lines.append(tuple(v.replace(prefix, "<prefix>") if isinstance(v, str) else v for v in values))
-    return lines
+    return sorted(lines, key=repr)
 
 
 def _by_status(answers: Iterable[Answer]) -> list[int]:
