@@ -2,11 +2,13 @@
 PostgreSQL's CPU goes meanwhile (its backends, autovacuum, the rest).
 
 `python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]
-[--analyze-after N]` starts `serve` on one fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's
-server on this machine) once per round, with the same settings every time, drives full effect cycles
-from the bench's generator (wrk when installed) and prints per round: cycles/s, serve's CPU per
-request, and PostgreSQL's CPU per cycle split by process kind. `--analyze-after N` analyses the
-ledger's tables after round N, to tell a young table's statistics from the machine's drift.
+[--analyze-after N] [--variant KEY=VALUE ...]` starts `serve` on one fresh database (embedded, or
+EFFECT_LEDGER_DATABASE_URL's server on this machine) once per round, with the same settings every
+time, drives full effect cycles from the bench's generator (wrk when installed) and prints per round:
+cycles/s, serve's CPU per request, the claim's p50/p99, and PostgreSQL's CPU per cycle split by
+process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young table's
+statistics from the machine's drift. `--variant` sets serve's environment on every second round
+(A, B, A, B, ...): an A/B of one setting against the sitting's drift.
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -133,9 +135,10 @@ async def one_round(
     workers: int,
     executors: int,
     seconds: float,
+    env: dict[str, str],
 ) -> str:
-    """One serve, warmed up, then measured; the printed line."""
-    service = ServiceProcess(url, secret, workers, workdir)
+    """One serve (with `env` added to its environment), warmed up, then measured; the printed line."""
+    service = ServiceProcess(url, secret, workers, workdir, env)
     await service.start()
     try:
         prefix = f"rp-{time.time_ns()}"
@@ -154,9 +157,11 @@ async def one_round(
     serve_us = (user1 - user0 + system1 - system0) / (result.requests or 1) * 1e6
     pg = ", ".join(f"{kind} {spent[kind] / cycles * 1000:.3f}" for kind in sorted(spent)) or "not sampled"
     total = sum(spent.values()) / cycles * 1000
+    claim = result.latency("claim")
     return (
         f"{result.cycles / wall:,.0f} cycles/s ({sum(result.errors.values())} unexpected); serve "
-        f"{serve_us:.0f} us CPU per request; PostgreSQL {total:.3f} ms per cycle ({pg}); "
+        f"{serve_us:.0f} us CPU per request; claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
+        f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}"
     )
 
@@ -174,7 +179,20 @@ async def analyze(url: str) -> None:
         await conn.close()
 
 
-async def main(rounds: int, seconds: float, workers: int, executors: int, analyze_after: int) -> None:
+def parse_variant(pairs: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` pairs as an environment; a pair without `=` is an error."""
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--variant wants KEY=VALUE, not {pair!r}")
+        env[key] = value
+    return env
+
+
+async def main(
+    rounds: int, seconds: float, workers: int, executors: int, analyze_after: int, variant: dict[str, str]
+) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
     sampler = Sampler(cluster.postmaster) if cluster.postmaster is not None else None
@@ -185,8 +203,10 @@ async def main(rounds: int, seconds: float, workers: int, executors: int, analyz
             sampler.start()
         secret = secrets.token_urlsafe(48)
         for n in range(rounds):
-            line = await one_round(url, secret, workdir, sampler, workers, executors, seconds)
-            print(f"round {n + 1}: {line}", flush=True)
+            env = variant if n % 2 == 1 else {}
+            line = await one_round(url, secret, workdir, sampler, workers, executors, seconds, env)
+            label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
+            print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
             if n + 1 == analyze_after:
                 await analyze(url)
                 print(f"after round {n + 1}: ANALYZE of ledger.{', ledger.'.join(ANALYZED)}", flush=True)
@@ -206,8 +226,16 @@ def cli() -> None:
     parser.add_argument(
         "--analyze-after", type=int, default=0, help="ANALYZE the ledger's tables after this round (0: never)"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="serve's environment on every second round (repeatable)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after))
+    variant = parse_variant(args.variant)
+    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after, variant))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from effect_ledger_bench.repeat import Sampler, kind_of
+from effect_ledger_bench.repeat import Sampler, kind_of, parse_variant
 
 
 @pytest.mark.parametrize(
@@ -64,3 +64,14 @@ def test_the_sampler_counts_a_child_process_cpu_from_the_sample_that_first_sees_
     # it, not counted) and the idle waits
     assert 0.45 <= spent["other"] <= 0.65, dict(spent)
     assert set(spent) <= {"other"}
+
+
+def test_a_variant_is_an_environment_and_a_pair_without_a_key_or_equals_sign_is_refused() -> None:
+    assert parse_variant(["LOG_ENABLED=false", "A=b=c", "EMPTY="]) == {
+        "LOG_ENABLED": "false",
+        "A": "b=c",
+        "EMPTY": "",
+    }
+    for bad in ("LOG_ENABLED", "=x"):
+        with pytest.raises(SystemExit, match="KEY=VALUE"):
+            parse_variant([bad])
