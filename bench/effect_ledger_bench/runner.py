@@ -313,9 +313,9 @@ class Bench:
             lag = LagSampler(url, TENANT)
             await lag.start()
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, "cyc")
-            rss = service.rss_mb()
+            rss, log_rss = service.rss_mb(), service.rss_mb(log_process=True)
             self.log_lags = await lag.finish()
-            self._service_rows(r, window, rss, caught_up)
+            self._service_rows(r, window, rss, log_rss, caught_up)
             await self.replay(gen, url)
             await self.contention(gen)
             await self.neighbour(gen)
@@ -351,7 +351,9 @@ class Bench:
         finally:
             await service.stop()
 
-    def _service_rows(self, r: LoadResult, window: Window, rss: list[float], caught_up: str) -> None:
+    def _service_rows(
+        self, r: LoadResult, window: Window, rss: list[float], log_rss: list[float], caught_up: str
+    ) -> None:
         c = self.config
         self.layer(
             "service",
@@ -386,7 +388,8 @@ class Bench:
                 "service: RSS per worker",
                 " / ".join(f"{m:.0f} MiB" for m in rss),
                 target=f"<= {RSS_PER_WORKER_MB:g} MiB: {verdict(worst <= RSS_PER_WORKER_MB)}",
-                notes="at the end of the measured window",
+                notes="at the end of the measured window"
+                + "".join(f"; the log process {m:.0f} MiB" for m in log_rss),
             )
         )
 

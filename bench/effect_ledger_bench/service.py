@@ -96,9 +96,9 @@ class ServiceProcess:
         await self.stop()
         raise RuntimeError(f"effect-ledger serve did not become ready:\n{tail}")
 
-    def rss_mb(self) -> list[float]:
-        """Resident memory of each worker, in MiB."""
-        return worker_rss_mb(self.pid)
+    def rss_mb(self, *, log_process: bool = False) -> list[float]:
+        """Resident memory of each worker (or of the log process), in MiB."""
+        return worker_rss_mb(self.pid, log_process=log_process)
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the whole server (supervisor and workers)."""

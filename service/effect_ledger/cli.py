@@ -126,6 +126,7 @@ OPTIONAL_SERVERS = ("granian", "uvicorn")
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API (embedded PostgreSQL when no database URL is set)."""
+    from effect_ledger.db.receipt_log import own_log_process
     from effect_ledger.http.metrics import prepare_multiprocess_dir
     from effect_ledger.logs import configure_logging
     from effect_ledger.runtime import (
@@ -155,7 +156,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         shared_rate_limits(migrated) as ready,
     ):  # one bucket file for every worker
         export_settings(ready)
-        metrics_dir = prepare_multiprocess_dir(ready.workers)  # workers share counts through it
+        # workers (and the log process) share counts through it
+        metrics_dir = prepare_multiprocess_dir(ready.workers + (1 if own_log_process(ready) else 0))
         _announce(configured, ready)
         try:
             if ready.http_server == "granian":

@@ -243,6 +243,13 @@ class Settings:
         True,
         "run the verifiable receipts log's integrator and checkpointer inside `serve` (API.md section 14)",
     )
+    log_own_process: bool = setting(
+        True,
+        "under the default HTTP server (`ledger`), run the integrator and checkpointer in one process of"
+        " their own beside the workers, at a lower CPU priority, so their Python work never holds a"
+        " worker's requests; the workers only watch whether the database is behind the signer (`false`:"
+        " every worker runs them, as under uvicorn and granian)",
+    )
     log_origin: str = setting(
         "effect-ledger.local",
         "the log's origin prefix: a tenant's checkpoint origin and key name are this + `/` + tenant",

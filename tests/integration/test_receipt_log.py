@@ -24,7 +24,7 @@ from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
-from support.ledger import AUDITOR, committed, get
+from support.ledger import AUDITOR, committed, get, wait_for_size
 from support.server import Service
 from support.waiting import until
 
@@ -57,22 +57,6 @@ def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings
 async def logged(settings: Settings, tmp_path: Path) -> AsyncIterator[Service]:
     async with Service(log_settings(settings, tmp_path)) as running:
         yield running
-
-
-async def checkpoint_of(client: httpx.AsyncClient, tenant: str = "t1") -> tuple[int, str]:
-    r = await get(client, "/v1/log/checkpoint", tenant=tenant, **AUDITOR)
-    if r.status_code == 404:
-        return 0, ""
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
-    return parse_checkpoint(parse_note(r.text).text).size, r.text
-
-
-async def wait_for_size(client: httpx.AsyncClient, size: int, tenant: str = "t1") -> str:
-    got = await until(
-        lambda: checkpoint_of(client, tenant), f"checkpoint of size {size}", holds=lambda a: a[0] >= size
-    )
-    assert got[0] == size
-    return got[1]
 
 
 async def tile(client: httpx.AsyncClient, ref: tiles.TileRef, tenant: str = "t1") -> httpx.Response:

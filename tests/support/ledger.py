@@ -13,7 +13,9 @@ import asyncpg
 import httpx
 
 from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
+from effect_ledger.domain.note import parse_checkpoint, parse_note
 from support.auth import auth
+from support.waiting import until
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}, "lease_seconds": 30}
 RECEIPT = {"external_ref": "m-7", "result": {"value": 21.5}}
@@ -268,3 +270,21 @@ VIEW_KEYS = frozenset(
         "resolved_by",
     }
 )
+
+
+async def checkpoint_of(client: httpx.AsyncClient, tenant: str = "t1") -> tuple[int, str]:
+    """The size and text of the tenant's latest signed checkpoint (0 and "" before the first)."""
+    r = await get(client, "/v1/log/checkpoint", tenant=tenant, **AUDITOR)
+    if r.status_code == 404:
+        return 0, ""
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return parse_checkpoint(parse_note(r.text).text).size, r.text
+
+
+async def wait_for_size(client: httpx.AsyncClient, size: int, tenant: str = "t1") -> str:
+    """The text of the first checkpoint of at least `size` leaves, which must be exactly `size`."""
+    got = await until(
+        lambda: checkpoint_of(client, tenant), f"checkpoint of size {size}", holds=lambda a: a[0] >= size
+    )
+    assert got[0] == size
+    return got[1]

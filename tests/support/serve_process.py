@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 
+from effect_ledger.http.prefork import LOG_NICE
 from support.auth import TEST_SECRET
 from support.server import free_port
 
@@ -130,9 +131,14 @@ async def kill_quietly(served: Served) -> None:
             await served.proc.wait()
 
 
-def spawned_workers(parent: int) -> list[int]:
+def _nice(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def spawned_workers(parent: int, *, log_process: bool = False) -> list[int]:
     """The server's worker processes: children of `parent` that uvicorn started by multiprocessing's
-    spawn, or that granian forked (they keep the parent's command line)."""
+    spawn, or that granian or our own server forked (they keep the parent's command line). Our own
+    server's log process is told apart by its nice value (LOG_NICE): `log_process` answers it instead."""
     found = []
     own = (Path("/proc") / str(parent) / "cmdline").read_bytes().replace(b"\0", b" ")
     for entry in Path("/proc").iterdir():
@@ -143,7 +149,9 @@ def spawned_workers(parent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own):
+        fields = stat.rsplit(")", 1)[1].split()  # from the state on: ppid is the 2nd, nice the 17th
+        ppid, nice = int(fields[1]), int(fields[16])
+        is_log = nice == min(19, _nice(parent) + LOG_NICE)
+        if ppid == parent and (b"spawn_main" in cmdline or cmdline == own) and is_log == log_process:
             found.append(int(entry.name))
     return found

@@ -433,6 +433,28 @@ async def behind_signer(
     return rows, behind
 
 
+async def watch_guard(
+    conn: asyncpg.Connection,
+    signer: LogSigner,
+    config: LogConfig,
+    guard: LogGuard,
+    refuse: Refuse = _no_refusal,
+) -> tuple[dict[str, Signed], dict[str, Any], dict[str, tuple[int, int]]]:
+    """Put the tenants whose database log is behind what the signer signed in the guard (a tenant newly
+    behind is refused and logged once); answers the signer's states, every tenant's log state and the
+    tenants behind. The first part of every checkpointer pass, and all a worker does when the log runs
+    in its own process."""
+    states = await signer.states()
+    rows, behind = await behind_signer(conn, states, config.origin_prefix)
+    for tenant, sizes in behind.items():
+        if tenant not in guard.behind:
+            refuse("log_behind_signer", tenant)
+            log.error("log_behind_signer", tenant=tenant, db_size=sizes[0], signed_size=sizes[1])
+    guard.behind = behind
+    guard.checked = True
+    return states, rows, behind
+
+
 async def checkpoint(
     conn: asyncpg.Connection,
     signer: LogSigner,
@@ -442,15 +464,8 @@ async def checkpoint(
 ) -> list[tuple[str, int]]:
     """One checkpointer pass: find tenants behind the signer (the guard), sign every grown tree
     whose last checkpoint is older than LOG_CHECKPOINT_SECONDS. Answers (tenant, size) signed."""
-    states = await signer.states()
-    rows, behind = await behind_signer(conn, states, config.origin_prefix)
+    states, rows, behind = await watch_guard(conn, signer, config, guard, refuse)
     prefix = config.origin_prefix + "/"
-    for tenant, sizes in behind.items():
-        if tenant not in guard.behind:
-            refuse("log_behind_signer", tenant)
-            log.error("log_behind_signer", tenant=tenant, db_size=sizes[0], signed_size=sizes[1])
-    guard.behind = behind
-    guard.checked = True
     signed: list[tuple[str, int]] = []
     now = time.time()
     for tenant, row in rows.items():
@@ -560,17 +575,44 @@ async def consistency_of(ledger: Ledger, tenant: str, old: int) -> list[bytes]:
 # ---- the background task of `serve` -----------------------------------------------------------------
 
 
+_ELSEWHERE = [False]  # set by serve's supervisor before it forks: one process of its own runs the log
+
+
+def log_runs_elsewhere() -> None:
+    """From now on (and in every process forked from now on) background_log only watches the guard:
+    the integrator and the checkpointer run in the log process (LOG_OWN_PROCESS, http.prefork)."""
+    _ELSEWHERE[0] = True
+
+
+def own_log_process(settings: Settings) -> bool:
+    """Whether `serve` runs the log in a process of its own: LOG_OWN_PROCESS under the ledger server."""
+    return (
+        settings.log_enabled
+        and settings.log_own_process
+        and bool(settings.database_url)
+        and settings.http_server == "ledger"
+    )
+
+
 @asynccontextmanager
 async def background_log(
-    settings: Settings, guard: LogGuard, refuse: Refuse = _no_refusal
+    settings: Settings, guard: LogGuard, refuse: Refuse = _no_refusal, *, guard_only: bool | None = None
 ) -> AsyncIterator[None]:
     """The integrator and the checkpointer inside `serve` (LOG_ENABLED), on an owner connection each.
-    The first checkpointer pass (which finds a database behind the signer) runs before serving."""
+    The first checkpointer pass (which finds a database behind the signer) runs before serving.
+
+    `guard_only` (by default: whether the log runs in a process of its own, see log_runs_elsewhere):
+    only the guard is kept, by a watch_guard pass before serving and then every second, on one owner
+    connection; refusals are the log process's to count."""
     if not settings.log_enabled or not settings.database_url:
         yield
         return
     signer = signer_from_settings(settings)
     config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds)
+    if _ELSEWHERE[0] if guard_only is None else guard_only:
+        async with _watching_guard(settings, signer, config, guard):
+            yield
+        return
     witnesses = witness_config(settings)
     integrating = await owner_connection(settings)
     checkpointing = await owner_connection(settings)
@@ -605,6 +647,33 @@ async def background_log(
         await asyncio.gather(*tasks, return_exceptions=True)
         for conn in (integrating, checkpointing):
             await conn.close()
+
+
+@asynccontextmanager
+async def _watching_guard(
+    settings: Settings, signer: LogSigner, config: LogConfig, guard: LogGuard
+) -> AsyncIterator[None]:
+    conn = await owner_connection(settings)
+
+    async def watch() -> None:
+        try:
+            await watch_guard(conn, signer, config, guard)
+        except Exception as exc:  # the next pass retries; the guard keeps what it last knew
+            log.warning("log_guard_failed", exception_type=type(exc).__name__)
+
+    async def watch_loop() -> None:
+        while True:
+            await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
+            await watch()
+
+    await watch()
+    task = asyncio.create_task(watch_loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await conn.close()
 
 
 # ---- witnesses (c2sp.org/tlog-witness) ------------------------------------------------------------

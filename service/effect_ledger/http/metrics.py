@@ -95,8 +95,9 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
-def prepare_multiprocess_dir(workers: int) -> Path | None:
-    """Before server processes start: empty the configured directory, or create one for N > 1 workers.
+def prepare_multiprocess_dir(processes: int) -> Path | None:
+    """Before server processes start: empty the configured directory, or create one for N > 1 processes
+    (the workers and the log process).
 
     Returns the directory this call created (the caller removes it on exit), else None.
     """
@@ -107,7 +108,7 @@ def prepare_multiprocess_dir(workers: int) -> Path | None:
         for stale in path.glob("*.db"):  # values of an earlier run would be added to this one's
             stale.unlink()
         return None
-    if workers <= 1:
+    if processes <= 1:
         return None
     created = Path(tempfile.mkdtemp(prefix="effect-ledger-metrics-"))
     os.environ[MULTIPROC_ENV] = str(created)
