@@ -29,6 +29,7 @@ import asyncpg
 import httpx
 import pytest
 
+from effect_ledger.db import receipt_log
 from effect_ledger.domain import tiles
 from effect_ledger.domain.note import parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
@@ -180,7 +181,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 async def test_a_restored_backup_stops_writes_until_log_recover(
-    settings: Settings, db_url: str, pg_admin_url: str, tmp_path: Path
+    settings: Settings, db_url: str, pg_admin_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configured = log_settings(settings, tmp_path)
     snapshot = db_name(db_url) + "_snap"
@@ -212,6 +213,15 @@ async def test_a_restored_backup_stops_writes_until_log_recover(
             ready = await client.get("/readyz")
             assert ready.status_code == 503 and ready.json()["checks"]["log"] == "log_behind_signer"
             assert refusals(running, "log_behind_signer") == 1
+        # the same from a worker that only keeps the guard (serve's log process does the rest)
+        monkeypatch.setattr(receipt_log, "_ELSEWHERE", [True])
+        async with Service(restored) as running, running.client() as client:
+            r = await claim(client, "brand-new")
+            assert r.status_code == 503 and r.json()["code"] == "unavailable"
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["log"] == "log_behind_signer"
+            assert refusals(running, "log_behind_signer") == 0  # the log process's to count
+        monkeypatch.setattr(receipt_log, "_ELSEWHERE", [False])
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
         env.update(
