@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +262,18 @@ async def read_backlog(settings: Settings) -> Backlog:
 
 
 @asynccontextmanager
+async def in_background(*loops: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run each coroutine as a task while the context is open; on leaving, cancel them and wait."""
+    tasks = [asyncio.create_task(loop) for loop in loops]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@asynccontextmanager
 async def watch_backlog(settings: Settings, report: Callable[[Backlog], None]) -> AsyncIterator[None]:
     """In `serve`: read the backlog every `backlog_interval_seconds` and hand it to `report` (metrics).
 
@@ -280,12 +292,8 @@ async def watch_backlog(settings: Settings, report: Callable[[Backlog], None]) -
                 log.warning("backlog_failed", exception_type=type(exc).__name__)
             await asyncio.sleep(settings.backlog_interval_seconds)
 
-    task = asyncio.create_task(probe())
-    try:
+    async with in_background(probe()):
         yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 Task = Callable[[Settings], Awaitable[RunResult]]
@@ -317,13 +325,8 @@ async def background_maintenance(
         yield
         return
     observed_sweep = functools.update_wrapper(functools.partial(sweep, observer=observer), sweep)
-    tasks = [
-        asyncio.create_task(_every(settings.sweep_interval_seconds, observed_sweep, settings)),
-        asyncio.create_task(_every(settings.purge_interval_seconds, purge, settings)),
-    ]
-    try:
+    async with in_background(
+        _every(settings.sweep_interval_seconds, observed_sweep, settings),
+        _every(settings.purge_interval_seconds, purge, settings),
+    ):
         yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -36,7 +36,7 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import owner_connection
+from effect_ledger.db.maintenance import in_background, owner_connection
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
@@ -638,13 +638,10 @@ async def background_log(
             except Exception as exc:
                 log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
 
-    tasks = [asyncio.create_task(integrate_loop()), asyncio.create_task(checkpoint_loop())]
     try:
-        yield
+        async with in_background(integrate_loop(), checkpoint_loop()):
+            yield
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for conn in (integrating, checkpointing):
             await conn.close()
 
@@ -666,13 +663,11 @@ async def _watching_guard(
             await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
             await watch()
 
-    await watch()
-    task = asyncio.create_task(watch_loop())
     try:
-        yield
+        await watch()
+        async with in_background(watch_loop()):
+            yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await conn.close()
 
 

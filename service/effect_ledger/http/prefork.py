@@ -236,6 +236,7 @@ def run_log_process(settings: Settings, parent: int) -> int:
 
 
 async def _log_process(settings: Settings, parent: int) -> int:
+    from effect_ledger.db.maintenance import in_background
     from effect_ledger.db.receipt_log import LogGuard, background_log
     from effect_ledger.http.metrics import Metrics
 
@@ -244,20 +245,19 @@ async def _log_process(settings: Settings, parent: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     metrics = Metrics()  # its refusals reach /metrics through the multiprocess directory
-    running = background_log(settings, LogGuard(), metrics.log_refused, guard_only=False)
     try:
-        await running.__aenter__()
-    except Exception as exc:
-        log.error("log_process_start_failed", exception_type=type(exc).__name__)
-        metrics.close()
-        return STARTUP_FAILED
-    log.info("log_process_started", pid=os.getpid())
-    ticker = loop.create_task(_watch_parent(parent, stopping))
-    try:
-        await stopping.wait()
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(
+                    background_log(settings, LogGuard(), metrics.log_refused, guard_only=False)
+                )
+            except Exception as exc:
+                log.error("log_process_start_failed", exception_type=type(exc).__name__)
+                return STARTUP_FAILED
+            log.info("log_process_started", pid=os.getpid())
+            await stack.enter_async_context(in_background(_watch_parent(parent, stopping)))
+            await stopping.wait()
     finally:
-        ticker.cancel()
-        await running.__aexit__(None, None, None)
         metrics.close()
     return 0
 
