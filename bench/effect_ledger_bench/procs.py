@@ -78,20 +78,29 @@ def worker_rss_mb(pid: int, *, log_process: bool = False) -> list[float]:
     own server's log process (LOG_OWN_PROCESS, at LOG_NICE above its parent) is no worker:
     `log_process` answers its memory instead (an empty list without one)."""
     try:
-        root = psutil.Process(pid)
-        own = _cmdline(root)
-        children = [
-            c
-            for c in root.children()
-            if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)
-        ]
-        logs = [c for c in children if c.nice() == min(19, root.nice() + LOG_NICE)]
-        if log_process:
-            return [float(p.memory_info().rss) / 2**20 for p in logs]
-        workers = [c for c in children if c not in logs]
-        return [float(p.memory_info().rss) / 2**20 for p in (workers or [root])]
+        workers, logs = _workers_and_logs(pid)
+        return [float(p.memory_info().rss) / 2**20 for p in (logs if log_process else workers)]
     except psutil.NoSuchProcess:
         return []
+
+
+def log_process_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the server's log process (0 without one, or when it is gone)."""
+    try:
+        return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _workers_and_logs(pid)[1]))
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def _workers_and_logs(pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The server's workers (or the root itself when it has none) and its log processes."""
+    root = psutil.Process(pid)
+    own = _cmdline(root)
+    children = [
+        c for c in root.children() if "spawn_main" in " ".join(_cmdline(c)) or (own and _cmdline(c) == own)
+    ]
+    logs = [c for c in children if c.nice() == min(19, root.nice() + LOG_NICE)]
+    return [c for c in children if c not in logs] or [root], logs
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

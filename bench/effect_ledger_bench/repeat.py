@@ -36,6 +36,7 @@ import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgse
 
 from effect_ledger_bench.database import Cluster
 from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
+from effect_ledger_bench.procs import log_process_cpu_seconds
 from effect_ledger_bench.service import ServiceProcess
 
 SAMPLE_SECONDS = 0.1
@@ -81,6 +82,7 @@ class Sampler:
         self.postmaster = postmaster
         self.spent: defaultdict[str, float] = defaultdict(float)
         self._seen: dict[int, float] = {}
+        self.names: dict[int, str] = {}  # backend pid -> its application_name (name_backends)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -92,6 +94,12 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def name_backends(self, names: dict[int, str]) -> None:
+        """Count these backends as `backend <application_name>` from now on (the workers' pools, the
+        log process's and the maintenance connections); a backend opened later stays `backend`."""
+        with self._lock:
+            self.names = dict(names)
 
     def take(self) -> defaultdict[str, float]:
         """CPU seconds by kind since the last take."""
@@ -116,6 +124,8 @@ class Sampler:
                 try:
                     times = child.cpu_times()
                     kind = kind_of(child.cmdline())
+                    if kind == "backend" and child.pid in self.names:
+                        kind = f"backend {self.names[child.pid]}"
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 now = float(times.user + times.system)
@@ -144,12 +154,15 @@ async def one_round(
         prefix = f"rp-{time.time_ns()}"
         gen = await warmed_up(service, secret, workdir, executors, prefix)
         user0, system0, _ = tree_counters(service.pid)
+        log0 = log_process_cpu_seconds(service.pid)
         if sampler is not None:
+            sampler.name_backends(await backend_names(url))
             sampler.take()
         started = time.perf_counter()
         result = await gen.cycles(executors, 0.0, seconds, prefix)
         wall = time.perf_counter() - started
         user1, system1, _ = tree_counters(service.pid)
+        log1 = log_process_cpu_seconds(service.pid)
         spent = sampler.take() if sampler is not None else defaultdict(float)
     finally:
         await service.stop()
@@ -157,13 +170,28 @@ async def one_round(
     serve_us = (user1 - user0 + system1 - system0) / (result.requests or 1) * 1e6
     pg = ", ".join(f"{kind} {spent[kind] / cycles * 1000:.3f}" for kind in sorted(spent)) or "not sampled"
     total = sum(spent.values()) / cycles * 1000
+    log_us = (log1 - log0) / cycles * 1e6
     claim = result.latency("claim")
     return (
         f"{result.cycles / wall:,.0f} cycles/s ({sum(result.errors.values())} unexpected); serve "
-        f"{serve_us:.0f} us CPU per request; claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
+        f"{serve_us:.0f} us CPU per request (of which the log process {log_us:.0f} us per cycle); "
+        f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+
+
+async def backend_names(url: str) -> dict[int, str]:
+    """The application_name of every backend of the database now (pid -> name)."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return {int(r["pid"]): str(r["application_name"] or "unnamed") for r in rows}
 
 
 ANALYZED = ("operations", "events", "feed_counters", "log_state", "log_tiles")

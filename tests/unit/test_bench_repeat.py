@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from effect_ledger_bench.repeat import Sampler, kind_of, parse_variant
@@ -75,3 +77,26 @@ def test_a_variant_is_an_environment_and_a_pair_without_a_key_or_equals_sign_is_
     for bad in ("LOG_ENABLED", "=x"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
             parse_variant([bad])
+
+
+def test_a_named_backend_is_counted_under_its_application_name() -> None:
+    # the child's title reads like a client backend's; the sampler is told its application_name
+    title = "postgres: effect_ledger_runtime effect_ledger_repeat 127.0.0.1(51234) idle"
+    parent_code = (
+        "import subprocess, sys\n"
+        f"sys.exit(subprocess.call(['bash', '-c', 'exec -a \"{title}\" sleep 1.5']))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    sampler = Sampler(parent.pid)
+    try:
+        deadline = time.monotonic() + 10
+        while not (children := psutil.Process(parent.pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(children) == 1
+        sampler.name_backends({children[0].pid: "effect-ledger-maintenance"})
+        sampler.start()
+        assert parent.wait(timeout=30) == 0
+        spent = sampler.take()
+    finally:
+        sampler.stop()
+    assert set(spent) == {"backend effect-ledger-maintenance"}, dict(spent)
