@@ -150,7 +150,19 @@ async def test_migrate_then_serve_against_an_existing_server(
             "EFFECT_LEDGER_JWT_SECRET": "external-secret-0123456789abcdef-0123456789abcdef",
             "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
         }
-        await asyncio.to_thread(subprocess.run, [*CLI, "migrate"], env=env, check=True, capture_output=True)
+        # -X importtime lists every module imported (on stderr): the first run migrates with Alembic, a
+        # second one finds the database at head and leaves Alembic (and SQLAlchemy) unloaded
+        for expected in (True, False):
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-X", "importtime", "-m", "effect_ledger.cli", "migrate"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+            assert ("alembic" in loaded, "sqlalchemy" in loaded) == (expected, expected)
         port = free_port()
         proc = start(env, port)
         try:
