@@ -174,7 +174,7 @@ async def one_round(
     claim = result.latency("claim")
     return (
         f"{result.cycles / wall:,.0f} cycles/s ({sum(result.errors.values())} unexpected); serve "
-        f"{serve_us:.0f} us CPU per request (of which the log process {log_us:.0f} us per cycle); "
+        f"{serve_us:.0f} us CPU per request, its log process {log_us:.0f} us per cycle; "
         f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}"

@@ -155,7 +155,7 @@ async def test_migrate_then_serve_against_an_existing_server(
         for expected in (True, False):
             done = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-X", "importtime", "-m", "effect_ledger.cli", "migrate"],
+                [sys.executable, "-X", "importtime", *CLI[1:], "migrate"],
                 env=env,
                 check=True,
                 capture_output=True,

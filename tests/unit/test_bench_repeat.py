@@ -87,16 +87,20 @@ def test_a_named_backend_is_counted_under_its_application_name() -> None:
         f"sys.exit(subprocess.call(['bash', '-c', 'exec -a \"{title}\" sleep 1.5']))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
-    sampler = Sampler(parent.pid)
     try:
         deadline = time.monotonic() + 10
         while not (children := psutil.Process(parent.pid).children()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(children) == 1
+        sampler = Sampler(parent.pid)
         sampler.name_backends({children[0].pid: "effect-ledger-maintenance"})
         sampler.start()
-        assert parent.wait(timeout=30) == 0
-        spent = sampler.take()
+        try:
+            assert parent.wait(timeout=30) == 0
+            spent = sampler.take()
+        finally:
+            sampler.stop()
     finally:
-        sampler.stop()
+        parent.kill()
+        parent.wait()
     assert set(spent) == {"backend effect-ledger-maintenance"}, dict(spent)
