@@ -261,7 +261,10 @@ class Settings:
         5, "a new checkpoint is signed at most this often per tenant, while its log grew", at_least(1)
     )
     log_integrate_interval_ms: int = setting(
-        500, "how often the integrator looks for committed receipts not yet in the log", at_least(10)
+        500,
+        "how often the integrator looks for committed receipts not yet in the log (a pass that filled"
+        " its batch, `LOG_BATCH_SIZE`, is followed by the next at once)",
+        at_least(10),
     )
     log_batch_size: int = setting(1000, "receipts appended to a tenant's log per transaction", at_least(1))
     log_signer_url: str | None = setting(

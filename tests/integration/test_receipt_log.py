@@ -205,6 +205,41 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
 
 
+async def test_a_pass_that_fills_its_batch_is_followed_at_once(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """`integrate` says whether a tenant filled its batch, and the integrator then runs its next pass at
+    once: a backlog (receipts committed while the log was off) is logged at the integrator's speed, not
+    one batch per LOG_INTEGRATE_INTERVAL_MS (here ten minutes, far beyond the wait below)."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+
+    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
+        for i in range(15):
+            await committed(client, f"direct-{i:02d}")
+        for i in range(40):
+            await committed(client, f"backlog-{i:02d}", tenant="t2")
+    owner = await owner_connection(settings)
+    try:
+        guard = receipt_log.LogGuard()
+        guard.behind = {"t2": (0, 0)}  # t2 is left for the integrator of the service below
+        passes = [await receipt_log.integrate(owner, 10, guard) for _ in range(3)]
+        assert passes == [True, False, False]  # 10 (a full batch), then 5, then nothing
+        backlog = replace(
+            log_settings(settings, tmp_path), log_batch_size=10, log_integrate_interval_ms=600_000
+        )
+        async with Service(backlog):
+            sizes = await until(
+                lambda: owner.fetch("SELECT tenant_id, size FROM ledger.log_state ORDER BY tenant_id"),
+                "t2's backlog of 40 logged in passes of 10",
+                holds=lambda rows: [(r["tenant_id"], r["size"]) for r in rows] == [("t1", 15), ("t2", 40)],
+                within=60,
+            )
+        assert len(sizes) == 2
+    finally:
+        await owner.close()
+
+
 async def test_concurrent_integrators_write_one_log_in_feed_order(settings: Settings, db_url: str) -> None:
     from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection

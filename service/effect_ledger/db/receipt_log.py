@@ -249,19 +249,20 @@ async def integrate_tenant(
 
 async def integrate(
     conn: asyncpg.Connection, batch_size: int, guard: LogGuard, refuse: Refuse = _no_refusal
-) -> int:
+) -> bool:
     """One integration pass over every tenant with receipts to log (tenants behind the signer wait
-    for log-recover: their positions would collide with signed leaves)."""
+    for log-recover: their positions would collide with signed leaves). Answers whether a tenant
+    filled its whole batch: more of its receipts may be waiting, and the next pass should not."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
         tenants = [r["tenant_id"] for r in await conn.fetch(sql("log_tenants_to_integrate"), 1000)]
         await conn.fetchval(sql("maintenance_scope"), "off")
-    total = 0
+    more = False
     for tenant in tenants:
         if tenant in guard.behind:
             continue
-        total += await integrate_tenant(conn, tenant, batch_size, refuse)
-    return total
+        more |= await integrate_tenant(conn, tenant, batch_size, refuse) >= batch_size
+    return more
 
 
 # ---- checkpointer -----------------------------------------------------------------------------
@@ -622,12 +623,16 @@ async def background_log(
         log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
 
     async def integrate_loop() -> None:
+        # A pass that filled a batch is followed by the next at once (a backlog, after a restart or a
+        # burst, is logged at the integrator's speed, not at one batch per interval); the interval is
+        # the wait between passes that found the log caught up.
         while True:
+            more = False
             try:
-                await integrate(integrating, settings.log_batch_size, guard, refuse)
+                more = await integrate(integrating, settings.log_batch_size, guard, refuse)
             except Exception as exc:
                 log.warning("log_integrate_failed", exception_type=type(exc).__name__)
-            await asyncio.sleep(settings.log_integrate_interval_ms / 1000)
+            await asyncio.sleep(0 if more else settings.log_integrate_interval_ms / 1000)
 
     async def checkpoint_loop() -> None:
         while True:
