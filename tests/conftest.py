@@ -24,13 +24,14 @@ import pytest
 from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.settings import Settings
-from support import citus_cluster, early, prepare_packaging, signatures
+from support import citus_cluster, early, prepare_packaging, signatures, tls
 from support.auth import TEST_SECRET
 from support.database import trade_durability_for_speed, with_database
 from support.databases import Databases, catalogue
 from support.server import Service
 
 signatures.install()  # each handler's signature parsed once per run, not once per test's app
+tls.install()  # one default TLS context per test process, not one per HTTP client
 
 # The suite's processes write bytecode, whatever the machine exports: with PYTHONDONTWRITEBYTECODE=1 (as
 # on the CI machines) every xdist worker re-ran pytest's assertion rewriting of every test module and

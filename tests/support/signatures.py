@@ -28,19 +28,40 @@ def _from_fn(cls: type[signature.ParsedSignature], fn: Any, signature_namespace:
     # its function's, less `self`, whatever the instance
     function = ("bound", fn.__func__) if inspect.ismethod(fn) else fn
     try:
-        key = (function, tuple(sorted((name, id(value)) for name, value in signature_namespace.items())))
+        key = (
+            _shape(function),
+            tuple(sorted((name, id(value)) for name, value in signature_namespace.items())),
+        )
         hash(key)
     except TypeError:  # an unhashable callable: parse it every time, as Litestar does
         return _ORIGINAL(cls, fn, signature_namespace)
     found = _PARSED.get(key)
     if found is None:
-        found = _PARSED[key] = (_ORIGINAL(cls, fn, signature_namespace), list(signature_namespace.values()))
+        kept = [*signature_namespace.values(), function]  # every object whose id is in the key stays alive
+        found = _PARSED[key] = (_ORIGINAL(cls, fn, signature_namespace), kept)
     parsed = found[0]
     # a fresh mapping each time: a caller that edits its parameters edits its own copy
     return cls(
         parameters=dict(parsed.parameters),
         return_type=parsed.return_type,
         original_signature=parsed.original_signature,
+    )
+
+
+def _shape(function: Any) -> Any:
+    """What a function's parsed signature depends on. A plain function is itself; a closure (Litestar
+    makes an OPTIONS handler per route, and the static-files and OpenAPI handlers, anew in every app:
+    56 of an app's 111 handlers) is its code, module namespace, defaults and annotations, so the same
+    closure made for another app finds the first one's entry (its objects are kept alive with it, so
+    their ids stay theirs)."""
+    if not inspect.isfunction(function) or function.__closure__ is None:
+        return function
+    return (
+        function.__code__,
+        id(function.__globals__),
+        tuple(map(id, function.__defaults__ or ())),
+        tuple(sorted((k, id(v)) for k, v in (function.__kwdefaults__ or {}).items())),
+        tuple((k, v if isinstance(v, str) else id(v)) for k, v in function.__annotations__.items()),
     )
 
 
