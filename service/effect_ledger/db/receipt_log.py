@@ -261,7 +261,8 @@ async def integrate(
     for tenant in tenants:
         if tenant in guard.behind:
             continue
-        more |= await integrate_tenant(conn, tenant, batch_size, refuse) >= batch_size
+        # full: its batch, or as many as one pass positions on the feed (FEED_BATCH), whichever is less
+        more |= await integrate_tenant(conn, tenant, batch_size, refuse) >= min(batch_size, FEED_BATCH)
     return more
 
 
