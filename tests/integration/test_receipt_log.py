@@ -229,13 +229,12 @@ async def test_a_pass_that_fills_its_batch_is_followed_at_once(
             log_settings(settings, tmp_path), log_batch_size=10, log_integrate_interval_ms=600_000
         )
         async with Service(backlog):
-            sizes = await until(
+            await until(
                 lambda: owner.fetch("SELECT tenant_id, size FROM ledger.log_state ORDER BY tenant_id"),
                 "t2's backlog of 40 logged in passes of 10",
                 holds=lambda rows: [(r["tenant_id"], r["size"]) for r in rows] == [("t1", 15), ("t2", 40)],
                 within=60,
             )
-        assert len(sizes) == 2
     finally:
         await owner.close()
 

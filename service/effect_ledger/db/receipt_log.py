@@ -252,7 +252,7 @@ async def integrate(
 ) -> bool:
     """One integration pass over every tenant with receipts to log (tenants behind the signer wait
     for log-recover: their positions would collide with signed leaves). Answers whether a tenant
-    filled its whole batch: more of its receipts may be waiting, and the next pass should not."""
+    filled its whole batch: more of its receipts may be waiting, so the next pass should not wait."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
         tenants = [r["tenant_id"] for r in await conn.fetch(sql("log_tenants_to_integrate"), 1000)]
