@@ -11,6 +11,7 @@ transport; any other arguments are passed through unchanged. Production never in
 
 from __future__ import annotations
 
+import functools
 import ssl
 from typing import Any
 
@@ -18,15 +19,17 @@ from httpx import _config
 from httpx._transports import default
 
 _ORIGINAL = _config.create_ssl_context
-_SHARED: list[ssl.SSLContext] = []
+
+
+@functools.cache
+def _default_context() -> ssl.SSLContext:
+    return _ORIGINAL(verify=True, cert=None, trust_env=True)
 
 
 def _create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
     if verify is not True or cert is not None or not trust_env:
         return _ORIGINAL(verify=verify, cert=cert, trust_env=trust_env)
-    if not _SHARED:
-        _SHARED.append(_ORIGINAL(verify=True, cert=None, trust_env=True))
-    return _SHARED[0]
+    return _default_context()
 
 
 def install() -> None:
