@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 from effect_ledger_bench.loglag import lags
 
-
-def test_each_receipt_lags_from_its_commit_sample_to_its_logged_sample() -> None:
-    # (t, committed, logged): receipts 3..6 are committed after the first sample
-    samples = [(0.0, 2, 0), (0.1, 4, 2), (0.2, 6, 3), (0.5, 6, 6)]
-    # k=3,4 committed at 0.1; logged at 0.2 (k=3) and 0.5 (k=4); k=5,6 committed at 0.2, logged at 0.5
-    got = lags(samples, 6)
-    assert [round(x, 3) for x in got] == [0.1, 0.4, 0.3, 0.3]
+T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def test_a_receipt_never_logged_lags_forever_and_nothing_before_the_first_sample_counts() -> None:
-    samples = [(0.0, 5, 5), (1.0, 7, 6)]
-    got = lags(samples, 7)
-    assert got[0] == 0.0  # k=6: committed and logged by the sample at 1.0
-    assert math.isinf(got[1])  # k=7: never logged
-    assert len(got) == 2  # k<=5 were committed before sampling began
-    assert lags([], 3) == []
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_each_receipt_lags_from_its_commit_to_the_first_sample_that_saw_it_logged() -> None:
+    samples = [(at(0.0), 0), (at(0.1), 2), (at(0.2), 3), (at(0.5), 6)]  # (database clock, log size)
+    commits = [(4, at(0.12)), (1, at(0.01)), (2, at(0.05)), (3, at(0.1)), (5, at(0.2)), (6, at(0.3))]
+    got = lags(samples, commits)
+    # in position order: 1 and 2 logged by 0.1, 3 by 0.2, 4-6 by 0.5
+    assert [round(x, 3) for x in got] == [0.09, 0.05, 0.1, 0.38, 0.3, 0.2]
+
+
+def test_a_receipt_never_logged_or_never_positioned_lags_forever() -> None:
+    samples = [(at(0.0), 5), (at(1.0), 6)]
+    got = lags(samples, [(7, at(0.5)), (None, at(0.9)), (6, at(0.5))])
+    assert got[0] == 0.5  # position 6: logged by the sample at 1.0
+    assert math.isinf(got[1])  # position 7: no sample saw it
+    assert math.isinf(got[2])  # no feed position at all
+    assert len(got) == 3
+    assert lags([], []) == []
