@@ -23,9 +23,6 @@ CREATE DOMAIN ledger.event_seq AS integer
 CREATE DOMAIN ledger.feed_position AS bigint
 	CONSTRAINT feed_position_check CHECK ((VALUE >= 1));
 
-CREATE DOMAIN ledger.hex64 AS text
-	CONSTRAINT hex64_check CHECK (((length(VALUE) = 64) AND (VALUE !~ '[^0-9a-f]'::text)));
-
 CREATE DOMAIN ledger.lease_seconds AS integer
 	CONSTRAINT lease_seconds_check CHECK (((VALUE >= 1) AND (VALUE <= 3600)));
 
@@ -400,11 +397,11 @@ CREATE TABLE ledger.operations (
     resolved_at timestamp with time zone,
     resolved_by text,
     chain_seq ledger.chain_seq DEFAULT 0 NOT NULL,
-    chain_hash ledger.hex64 DEFAULT repeat('0'::text, 64) NOT NULL,
+    chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
     feed_position ledger.feed_position,
     purged_at timestamp with time zone,
     purged_seq ledger.chain_seq,
-    purged_hash ledger.hex64,
+    purged_hash text,
     receipt_digest ledger.sha256_digest
 );
 
@@ -1205,8 +1202,8 @@ CREATE TABLE ledger.events (
     to_status text,
     attempt integer NOT NULL,
     data jsonb NOT NULL,
-    prev_hash ledger.hex64 NOT NULL,
-    hash ledger.hex64 NOT NULL
+    prev_hash text NOT NULL,
+    hash text NOT NULL
 );
 
 ALTER TABLE ONLY ledger.events FORCE ROW LEVEL SECURITY;

@@ -170,6 +170,30 @@ async def test_verify_reports_removed_events(client: httpx.AsyncClient, db_url: 
     }
 
 
+async def test_verify_reports_a_row_that_names_another_chain_head(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    """The row's chain_hash (what its receipt and its log leaf name) must be the chain's last hash: an
+    edit of the row alone is reported one past the head, like events removed from the end."""
+    await committed(client, "h-1")
+    await committed(client, "h-2")
+    assert (await verify(client, "h-1"))["ok"] is True
+    async with owner(db_url) as conn:
+        seq = await conn.fetchval("SELECT chain_seq FROM ledger.operations WHERE operation_id = 'h-1'")
+        edited = await conn.execute(
+            "UPDATE ledger.operations SET chain_hash = repeat('a', 64) WHERE operation_id = 'h-1'"
+        )
+    assert edited == "UPDATE 1"
+    assert await verify(client, "h-1") == {"ok": False, "checked": seq, "first_bad_seq": seq + 1}
+    assert await verify(client, "h-2") == {"ok": True, "checked": seq, "first_bad_seq": None}
+    assert await verify(client) == {
+        "ok": False,
+        "checked": seq,
+        "first_bad_seq": seq + 1,
+        "first_bad_operation_id": "h-1",
+    }
+
+
 async def test_verify_scope_and_validation(client: httpx.AsyncClient) -> None:
     await pending(client, "s-1")
     assert (await get(client, "/v1/audit/verify", {"operation_id": "s-1"}, **RECONCILER)).status_code == 403

@@ -374,20 +374,31 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
         assert state["effect-ledger.local/t1"]["size"] == 4
 
 
+EDITED_BEFORE_LOGGED = {
+    "receipt": TAMPERS["receipt"][0].replace("op-2", "op-1"),
+    # any hash, well formed or not (the column is text since migration 0017): the leaf would record it
+    "chain head": "UPDATE ledger.operations SET chain_hash = repeat('a', 64)"
+    " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
+    "chain head, not hex": "UPDATE ledger.operations SET chain_hash = 'forged'"
+    " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
+}
+
+
+@pytest.mark.parametrize("what", sorted(EDITED_BEFORE_LOGGED))
 async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
-    settings: Settings, db_url: str, tmp_path: Path
+    what: str, settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
     async with Service(settings) as off, off.client() as client:  # the log is not running yet
         for i in range(3):
             await committed(client, f"op-{i}")
     owner = await asyncpg.connect(db_url)
     try:
-        await owner.execute(TAMPERS["receipt"][0].replace("op-2", "op-1"))
+        assert await owner.execute(EDITED_BEFORE_LOGGED[what]) == "UPDATE 1"
     finally:
         await owner.close()
     async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
         await until(lambda: refusals(running, "receipt_mismatch"), "the edited receipt refused", within=60)
-        await wait_for_size(client, 1)  # op-0 only: op-1's chain does not record the stored receipt
+        await wait_for_size(client, 1)  # op-0 only: op-1's chain does not record what its row says
         await asyncio.sleep(1.5)
         assert await size_of(client) == 1
         r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)

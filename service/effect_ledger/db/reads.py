@@ -159,9 +159,9 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     events = [_hashed(r) for r in rows if r["seq"] is not None]
     head = rows[0]
     if head["purged_seq"] is None:
-        return verify_chain(events, head["op_status"], head["op_attempt"])
+        return verify_chain(events, head["op_status"], head["op_attempt"], head_hash=head["op_hash"])
     base = (head["purged_seq"], head["purged_hash"])
-    return verify_chain(events, head["op_status"], head["op_attempt"], *base)
+    return verify_chain(events, head["op_status"], head["op_attempt"], *base, head_hash=head["op_hash"])
 
 
 async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> ChainVerdict:

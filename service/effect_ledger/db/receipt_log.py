@@ -173,9 +173,10 @@ def _slices(items: Sequence[Any]) -> list[Sequence[Any]]:
 async def _intact_receipts(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
 ) -> set[str]:
-    """The operations of a batch whose hash chain recomputes and whose stored receipt is the one
-    the chain recorded (the committing event's receipt, by its actor). A tombstone has no events
-    left to compare: its kept digest is taken as it is. One slice of operations at a time."""
+    """The operations of a batch whose hash chain recomputes and ends at the row's chain head (the
+    hash the leaf records), and whose stored receipt is the one the chain recorded (the committing
+    event's receipt, by its actor). A tombstone has no events left to compare: its kept digest is
+    taken as it is. One slice of operations at a time."""
     intact: set[str] = set()
     for part in _slices(rows):
         intact |= await _intact_slice(conn, tenant, part)

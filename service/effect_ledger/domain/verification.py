@@ -28,8 +28,10 @@ def verify_chain(
     attempt: int,
     base_seq: int = 0,
     base_hash: str = GENESIS_HASH,
+    head_hash: str | None = None,
 ) -> ChainVerdict:
-    """Recompute every link; then the head must record the row's status and attempt.
+    """Recompute every link; then the head must record the row's status and attempt, and be the row's
+    chain head (`head_hash`, when given: the hash the row, its receipt and its log leaf name).
 
     Every state change appends an event whose to_status and attempt are the new state's, so a head that
     disagrees with the row means events were removed from the end (the first missing seq is reported),
@@ -44,5 +46,7 @@ def verify_chain(
         return ChainVerdict(0, None if base_seq else 1)
     head = events[-1]
     if head["to_status"] != status or head["attempt"] != attempt:
+        return ChainVerdict(checked, int(head["seq"]) + 1)
+    if head_hash is not None and head["hash"] != head_hash:  # the row names a head the chain lacks
         return ChainVerdict(checked, int(head["seq"]) + 1)
     return ChainVerdict(checked, None)
