@@ -27,9 +27,12 @@ RSS_PER_WORKER_MB = 150.0
 # check does), and the ratios against it use the mean of the two; when the two differ by more than
 # LEAN_DRIFT (the machine changed speed during the run: the same pgbench work has run at 0.31 - 0.98 ms
 # of PostgreSQL CPU per cycle in different sittings), no ratio against it means anything either.
+# 1.2: fast sittings' pairs agree within 1.03 - 1.09 x; a run of round 12 whose machine slowed during
+# the service row (lean 2,349 then 1,606 cycles/s, 1.47 x, inside the 1.5 this rule had) reported
+# PostgreSQL at 0.95 x lean and the log's on / off at 0.98, each flattered by the slower lean row.
 QUIET_LOAD = 1.0
 QUIET_OTHER_CORES = 0.15
-LEAN_DRIFT = 1.5
+LEAN_DRIFT = 1.2
 QUIET_RULE = (
     f"ratios only when the load average at the start <= {QUIET_LOAD:g}, other processes used "
     f"<= {QUIET_OTHER_CORES:g} cores during every layer, and the lean yardstick before and after the "
