@@ -323,8 +323,7 @@ RETURNING (SELECT count(*) FROM stamped) AS assigned;
 
 -- name: operation_chain
 -- One operation's row status, attempt and chain head beside each of its events in seq order, for
--- verification;
--- the LEFT JOIN keeps an operation whose events were all removed (one row, NULL seq).
+-- verification; the LEFT JOIN keeps an operation whose events were all removed (one row, NULL seq).
 SELECT o.operation_id, o.status AS op_status, o.attempt AS op_attempt, o.chain_hash AS op_hash,
        o.purged_seq, o.purged_hash,
        e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
