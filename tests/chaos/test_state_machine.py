@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.chaos, timeout(240, 1800)]  # 150 s before the purge r
 
 EXECUTOR = bearer("t1", "exec-1", "ledger:execute")
 RECONCILER = bearer("t1", "rec-1", "ledger:reconcile")
+AUDITOR = bearer("t1", "aud-1", "ledger:audit")
 TERMINAL = ("committed", "not_applied")
 EVIDENCE = {"source": "model", "lookup_ref": None, "checked_at": "2026-11-30T10:00:00Z"}
 EXPIRE = (
@@ -318,6 +319,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert (view["receipt"] or {}).get("external_ref") == op.receipt
         assert (view["not_applied_reason"] or {}).get("detail_code") == op.reason
         assert view.get("purged", False) == op.purged
+        # whatever path the operation took (every transition, lease expiry, a discrepancy, the purge),
+        # its chain recomputes and ends at the head its row names
+        verdict = self._call(f"/v1/audit/verify?operation_id={key}", None, (200, None), AUDITOR)
+        assert verdict["ok"] is True and verdict["first_bad_seq"] is None, (verdict, op)
 
 
 async def test_service_answers_as_the_model_says(request: pytest.FixtureRequest, db_url: str) -> None:
