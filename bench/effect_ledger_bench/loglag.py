@@ -77,9 +77,11 @@ async def settle(url: str, tenant: str, limit: float = 60.0, every: float = 0.1)
     conn = await asyncpg.connect(url)
     started = time.monotonic()
     try:
+        # nothing commits while it waits (no load): one count, then the log's size
+        committed = int(await conn.fetchval(sql("bench_committed_count"), tenant))
         while True:
-            row = await conn.fetchrow(sql("bench_log_progress"), tenant)
-            if int(row["logged"]) >= int(row["committed"]):
+            row = await conn.fetchrow(sql("bench_log_size"), tenant)
+            if int(row["logged"]) >= committed:
                 return time.monotonic() - started, True
             if time.monotonic() - started >= limit:
                 return time.monotonic() - started, False

@@ -167,18 +167,13 @@ SELECT tenant_id, operation_id, chain_seq, updated_at, 'completed', principal, '
        attempt, $6, $7, $5
 FROM updated;
 
--- name: bench_log_progress
--- Tenant $1's committed receipts and its log's size: loglag.settle waits on it before a measured window
--- (never during one: a count is a scan of the tenant's operations).
-SELECT (SELECT count(*) FROM ledger.operations WHERE tenant_id = $1 AND status = 'committed') AS committed,
-       COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged;
-
 -- name: bench_log_size
--- Tenant $1's log size and the database's clock, sampled under load (a primary-key read).
+-- Tenant $1's log size and the database's clock: sampled under load, and by loglag.settle (a
+-- primary-key read).
 SELECT clock_timestamp() AS at, COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged;
 
 -- name: bench_committed_count
--- Tenant $1's committed receipts (read once the load stopped).
+-- Tenant $1's committed receipts, read only while no load runs (a scan of the tenant's operations).
 SELECT count(*) FROM ledger.operations WHERE tenant_id = $1 AND status = 'committed';
 
 -- name: bench_commit_times
