@@ -202,7 +202,11 @@ async def test_an_oversize_body_is_refused_with_413_and_nothing_is_written(serve
         assert await client.closed()
     finally:
         await client.close()
-    # chunked, over the limit, sent to its end: refused, and the connection stays usable
+    # chunked, over the limit, sent to its end: refused. The app refuses once it has read past the
+    # limit; whether the server had read the body's last chunk by the time the answer was written is a
+    # race with the sender (on a busy machine the rest may still be in flight). Either way the rule of
+    # http/server.py holds exactly: read to its end, the connection stays usable; not, the answer says
+    # `Connection: close` and the connection closes (no reset).
     head = request("POST", "/v1/operations/big-2/claim", None, "content-type: application/json")
     client = await Client.open(served)
     try:
@@ -212,9 +216,13 @@ async def test_an_oversize_body_is_refused_with_413_and_nothing_is_written(serve
             await client.send(b"%x\r\n%s\r\n" % (len(part), part))
         await client.send(b"0\r\n\r\n")
         answer = await client.answer()
-        assert problem(answer) == (413, "payload_too_large", "")
-        await client.send(request("GET", "/livez"))
-        assert (await client.answer())[0] == 200
+        status, code, connection = problem(answer)
+        assert (status, code) == (413, "payload_too_large") and connection in ("", "close"), answer
+        if connection == "close":
+            assert await client.closed()
+        else:
+            await client.send(request("GET", "/livez"))
+            assert (await client.answer())[0] == 200
     finally:
         await client.close()
     assert await status_of(served, "big-1") == 404
