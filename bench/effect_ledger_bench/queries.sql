@@ -11,6 +11,25 @@ SELECT format('CREATE DATABASE %I', $1::text) AS create_database,
 -- The server's version and the backend serving this connection (its parent is the postmaster).
 SELECT current_setting('server_version') AS version, pg_backend_pid() AS backend_pid;
 
+-- name: bench_autovacuum_workers
+-- Autovacuum workers running now, in any database of the server (settle waits for none).
+SELECT count(*) AS workers FROM pg_stat_activity WHERE backend_type = 'autovacuum worker';
+
+-- name: bench_tables_to_vacuum
+-- The tables of the connected database that autovacuum would come back for (rows changed since their
+-- last vacuum or analyse), as quoted names for bench_vacuum. Never an empty table: its first vacuum
+-- would set reltuples to 0 and the planner's ten-page guess for a never-vacuumed table would be gone,
+-- so the write path's cached plans, made while it is small, would scan it whole as it grows (seen in
+-- round 13: 2.08 ms of PostgreSQL a cycle instead of ~0.6 in the row after such a vacuum).
+SELECT format('%I.%I', schemaname, relname) AS name
+FROM pg_stat_user_tables
+WHERE n_live_tup > 0 AND (n_dead_tup > 0 OR n_ins_since_vacuum > 0 OR n_mod_since_analyze > 0)
+ORDER BY 1;
+
+-- name: bench_vacuum
+-- The statement's head: Cluster.settle appends bench_tables_to_vacuum's names.
+VACUUM (ANALYZE)
+
 -- name: bench_bulk_operations
 -- Growth history streamed into COPY: committed operations n = $2..$3 of tenant $1 (recent, so no purge
 -- takes them during a run). Columns are named as in ledger.operations; the rest stay NULL.
@@ -42,7 +61,8 @@ FROM generate_series($2::bigint, $3::bigint) AS n;
 ANALYZE ledger.operations, ledger.events;
 
 -- name: bench_checkpoint
--- Flush a bulk load before measuring, so no checkpoint of it lands inside a measured window.
+-- Flush a bulk load before measuring, so no checkpoint of it lands inside a measured window; and before
+-- every layer (Cluster.settle).
 CHECKPOINT;
 
 -- name: bench_relation_sizes

@@ -232,6 +232,7 @@ async def main(
         secret = secrets.token_urlsafe(48)
         for n in range(rounds):
             env = variant if n % 2 == 1 else {}
+            await cluster.settle()  # no round pays for the last one's vacuum or a timed checkpoint
             line = await one_round(url, secret, workdir, sampler, workers, executors, seconds, env)
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)

@@ -136,6 +136,15 @@ def progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
+async def fresh_lean_tables(url: str) -> None:
+    """The lean yardstick's minimal schema, dropped and created empty."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(lean_queries()["lean_schema"])
+    finally:
+        await conn.close()
+
+
 def errors_note(result: LoadResult) -> str:
     """Unexpected answers, or that there were none."""
     if not result.errors:
@@ -184,6 +193,7 @@ class Bench:
         self, gen: Generator, window: Window, warmup: float, duration: float, prefix: str
     ) -> LoadResult:
         """Cycles by the configured executors, with the window around the measured part."""
+        await self.settle()
         if gen.uses_wrk:
             if warmup > 0:
                 await gen.cycles(self.config.concurrency, 0.0, warmup, f"{prefix}w")
@@ -207,6 +217,10 @@ class Bench:
         window.other_cores = max(window.other_cores - result.generator_cpu / max(window.seconds, 1e-9), 0.0)
         return result
 
+    async def settle(self) -> None:
+        """Before each layer's warm-up: no autovacuum running, a fresh checkpoint (Cluster.settle)."""
+        progress(f"  settled: {await self.cluster.settle()}")
+
     def window(self, url: str, python: Callable[[], float] | None = None) -> Window:
         """Counters around one measurement; `python`: the CPU of the Python under test (default: ours)."""
         if python is None:
@@ -222,11 +236,7 @@ class Bench:
     async def limit(self, url: str) -> None:
         """1a-c. pgbench, 16 clients, one statement per call: the lean yardstick, the yardstick on our
         tables, our SQL (one write-path function call per call)."""
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(lean_queries()["lean_schema"])
-        finally:
-            await conn.close()
+        await fresh_lean_tables(url)
         rows = (
             ("lean", "lean", "lean yardstick: minimal schema, pgbench"),
             ("ours", "yardstick", "yardstick on our tables, pgbench"),
@@ -236,7 +246,10 @@ class Bench:
             await self.pgbench_row(url, key, kind, name, 10 * (number + 1))
 
     async def lean_again(self, url: str) -> None:
-        """1f'. The lean yardstick once more, after the full service: the ratios use the mean of both."""
+        """1f'. The lean yardstick once more, after the full service: the ratios use the mean of both.
+        On fresh lean tables, as the first one ran: the two rows then differ by the machine's drift alone.
+        (Before each layer the databases are also vacuumed and checkpointed: Cluster.settle.)"""
+        await fresh_lean_tables(url)
         await self.pgbench_row(
             url, "lean_again", "lean", "lean yardstick again after the service, pgbench", 40
         )
@@ -246,6 +259,7 @@ class Bench:
         c = self.config
         endpoint = Endpoint.runtime(url)
         progress(f"{name}: {c.concurrency} clients, {c.warmup:g} s warm-up + {c.duration:g} s")
+        await self.settle()
         if c.warmup >= 1:
             await run_pgbench(endpoint, self.workdir, c.concurrency, c.warmup, base + 1, None, kind)
         window = self.window(url)
@@ -269,6 +283,7 @@ class Bench:
         then the ASGI app (no socket) on the service's database."""
         c = self.config
         progress(f"asyncpg alone: {c.concurrency} tasks, {c.warmup:g} s warm-up + {c.duration:g} s")
+        await self.settle()
         if c.warmup > 0:
             await run_floor(sql_url, "statements", c.concurrency, 0.0, c.warmup, "floor-warm")
         window = self.window(sql_url)
@@ -277,6 +292,7 @@ class Bench:
         await window.close()
         self.layer("asyncpg", "asyncpg alone, same statements, 1 process", r.cycles, window)
         progress(f"ASGI app in process: {c.concurrency} executors, {c.duration:g} s, {event_loop_name()}")
+        await self.settle()
         window = self.window(url)
         warm = max(int(c.warmup * 300), 30)
         app = await run_in_process_as_served(
