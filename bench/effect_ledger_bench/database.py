@@ -102,8 +102,8 @@ class Cluster:
 
     async def settle(self, wait: float = SETTLE_SECONDS) -> str:
         """Before a layer: the bench's databases' changed tables vacuumed and analysed now (never an
-        empty one: bench_tables_to_vacuum says why), no autovacuum worker left
-        running (waited for at most `wait` s), then a CHECKPOINT; answers what it did. A layer then
+        empty one: bench_tables_to_vacuum says why), no autovacuum worker left running (waited for at
+        most `wait` s), then a CHECKPOINT; answers what it did. A layer then
         pays for its own writes only: not for the vacuum of an earlier layer's dead rows, which
         autovacuum would start within its next naptime, inside whichever window came next (round 13: the
         lean row after the service wrote 8,690 - 9,254 WAL bytes a cycle against 4,016 before it, and
@@ -115,7 +115,7 @@ class Cluster:
             try:
                 names = [r["name"] for r in await db.fetch(sql("bench_tables_to_vacuum"))]
                 if names:
-                    await db.execute(f"{sql('bench_vacuum').rstrip().rstrip(';')} {', '.join(names)}")
+                    await db.execute(f"{sql('bench_vacuum').rstrip()} {', '.join(names)}")
             finally:
                 await db.close()
         vacuumed = time.monotonic() - started

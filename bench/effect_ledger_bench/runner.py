@@ -218,7 +218,7 @@ class Bench:
         return result
 
     async def settle(self) -> None:
-        """Before each layer's warm-up: no autovacuum running, a fresh checkpoint (Cluster.settle)."""
+        """Before each layer's warm-up: changed tables vacuumed, no autovacuum running, a checkpoint."""
         progress(f"  settled: {await self.cluster.settle()}")
 
     def window(self, url: str, python: Callable[[], float] | None = None) -> Window:

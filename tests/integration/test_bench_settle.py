@@ -18,7 +18,7 @@ async def requested(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval("SELECT checkpoints_req FROM pg_stat_bgwriter"))
 
 
-async def test_settle_checkpoints_once_and_says_what_it_did(db_url: str) -> None:
+async def test_settle_checkpoints_and_says_what_it_did(db_url: str) -> None:
     conn = await asyncpg.connect(db_url)
     try:
         before = await requested(conn)
