@@ -102,7 +102,7 @@ class Cluster:
 
     async def settle(self, wait: float = SETTLE_SECONDS) -> str:
         """Before a layer: the bench's databases' changed tables vacuumed and analysed now (never an
-        empty one: bench_tables_to_vacuum says why), no autovacuum worker left running (waited for at
+        empty one: bench_vacuum_statement says why), no autovacuum worker left running (waited for at
         most `wait` s), then a CHECKPOINT; answers what it did. A layer then
         pays for its own writes only: not for the vacuum of an earlier layer's dead rows, which
         autovacuum would start within its next naptime, inside whichever window came next (round 13: the
@@ -113,9 +113,9 @@ class Cluster:
         for name in self._databases:
             db = await asyncpg.connect(with_database(self.owner_url, name))
             try:
-                names = [r["name"] for r in await db.fetch(sql("bench_tables_to_vacuum"))]
-                if names:
-                    await db.execute(f"{sql('bench_vacuum').rstrip()} {', '.join(names)}")
+                vacuum = await db.fetchval(sql("bench_vacuum_statement"))
+                if vacuum is not None:
+                    await db.execute(vacuum)
             finally:
                 await db.close()
         vacuumed = time.monotonic() - started

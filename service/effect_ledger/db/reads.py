@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger, event_view, row_to_operation
 from effect_ledger.db.pools import tenant_tx
+from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.errors import not_found
 from effect_ledger.domain.model import UNKNOWN, Operation
 from effect_ledger.domain.timefmt import format_ts
@@ -151,17 +152,19 @@ def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def chain_verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
-    """One operation's chain recomputed from its operation_chain rows (also used by the receipts log)."""
-    return _verdict(rows)
-
-
-def _verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
+    """One operation's chain recomputed from its operation_chain rows (also used by the receipts log);
+    a purged one from the point the purge cut it at."""
     events = [_hashed(r) for r in rows if r["seq"] is not None]
     head = rows[0]
-    if head["purged_seq"] is None:
-        return verify_chain(events, head["op_status"], head["op_attempt"], head_hash=head["op_hash"])
-    base = (head["purged_seq"], head["purged_hash"])
-    return verify_chain(events, head["op_status"], head["op_attempt"], *base, head_hash=head["op_hash"])
+    purged = head["purged_seq"] is not None
+    return verify_chain(
+        events,
+        head["op_status"],
+        head["op_attempt"],
+        base_seq=head["purged_seq"] if purged else 0,
+        base_hash=head["purged_hash"] if purged else GENESIS_HASH,
+        head_hash=head["op_hash"],
+    )
 
 
 async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> ChainVerdict:
@@ -170,7 +173,7 @@ async def verify_operation(ledger: Ledger, tenant: str, operation_id: str) -> Ch
         rows = await conn.fetch(sql("operation_chain"), tenant, operation_id)
     if not rows:
         raise not_found()
-    return _verdict(rows)
+    return chain_verdict(rows)
 
 
 async def verify_tenant(ledger: Ledger, tenant: str) -> TenantVerdict:
@@ -180,14 +183,14 @@ async def verify_tenant(ledger: Ledger, tenant: str) -> TenantVerdict:
         chain: list[Mapping[str, Any]] = []
         async for row in conn.cursor(sql("tenant_chains"), tenant, prefetch=VERIFY_PREFETCH):
             if chain and row["operation_id"] != chain[0]["operation_id"]:
-                verdict = _verdict(chain)
+                verdict = chain_verdict(chain)
                 checked += verdict.checked
                 if not verdict.ok:
                     return TenantVerdict(checked, chain[0]["operation_id"], verdict.first_bad_seq)
                 chain = []
             chain.append(row)
         if chain:
-            verdict = _verdict(chain)
+            verdict = chain_verdict(chain)
             checked += verdict.checked
             if not verdict.ok:
                 return TenantVerdict(checked, chain[0]["operation_id"], verdict.first_bad_seq)

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from effect_ledger.domain.canonical import canonical_json
+from effect_ledger.domain.chain import GENESIS_HASH  # approval chains start where operation chains do
 from effect_ledger.domain.timefmt import format_ts
 
 STATUSES = ("pending", "approved", "denied", "revoked", "expired", "consumed")
 LIVE = frozenset({"pending", "approved", "denied"})
 EVENT_KINDS = ("requested", "approved", "denied", "revoked", "expired", "consumed")
 EVENT_HASHED_FIELDS = ("approval_id", "seq", "at", "kind", "actor", "data")
-GENESIS_HASH = "0" * 64
 MAX_NOTE = 2000
 MAX_REASON = 500
 _RULE_FIELDS = frozenset({"tool", "required", "ttl_seconds"})

@@ -45,8 +45,7 @@ def verify_chain(
         # a tombstone keeps no events: its chain is the point the purge cut it at
         return ChainVerdict(0, None if base_seq else 1)
     head = events[-1]
-    if head["to_status"] != status or head["attempt"] != attempt:
-        return ChainVerdict(checked, int(head["seq"]) + 1)
-    if head_hash is not None and head["hash"] != head_hash:  # the row names a head the chain lacks
+    agrees = head["to_status"] == status and head["attempt"] == attempt
+    if not agrees or (head_hash is not None and head["hash"] != head_hash):  # or the row names another head
         return ChainVerdict(checked, int(head["seq"]) + 1)
     return ChainVerdict(checked, None)
