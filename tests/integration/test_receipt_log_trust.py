@@ -112,6 +112,7 @@ TAMPERS = {
 }
 
 
+@pytest.mark.storage  # the Citus lane runs the tamper tests again (the restore tests clone a database)
 @pytest.mark.parametrize("grow", [True, False], ids=["log-grows", "log-idle"])
 @pytest.mark.parametrize("what", sorted(TAMPERS))
 async def test_tampered_history_gets_no_new_checkpoint(
@@ -384,6 +385,7 @@ EDITED_BEFORE_LOGGED = {
 }
 
 
+@pytest.mark.storage
 @pytest.mark.parametrize("what", sorted(EDITED_BEFORE_LOGGED))
 async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
     what: str, settings: Settings, db_url: str, tmp_path: Path

@@ -661,8 +661,9 @@ ON CONFLICT (tenant_id, level, idx) DO UPDATE SET width = EXCLUDED.width, data =
 WHERE ledger.log_tiles.width < 256;
 
 -- name: log_advance
--- Move the integrated tree to its new size and root (under log_lock).
-UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = clock_timestamp() WHERE tenant_id = $1;
+-- Move the integrated tree to its new size and root (under log_lock). statement_timestamp(), not
+-- clock_timestamp(): Citus refuses VOLATILE functions in an UPDATE of a distributed table.
+UPDATE ledger.log_state SET size = $2, root = $3, integrated_at = statement_timestamp() WHERE tenant_id = $1;
 
 -- name: log_states
 -- Every tenant's integrated tree and its last checkpoint (maintenance scope), for the checkpointer.
@@ -675,8 +676,9 @@ VALUES ($1, $2, $3, $4, clock_timestamp())
 ON CONFLICT (tenant_id, size) DO NOTHING;
 
 -- name: log_signed
--- The tenant's latest checkpoint, noted on its log state row (under log_lock).
-UPDATE ledger.log_state SET signed_size = $2, signed_at = clock_timestamp()
+-- The tenant's latest checkpoint, noted on its log state row (under log_lock); statement_timestamp()
+-- for Citus, as log_advance.
+UPDATE ledger.log_state SET signed_size = $2, signed_at = statement_timestamp()
 WHERE tenant_id = $1 AND (signed_size IS NULL OR signed_size < $2);
 
 -- name: log_cosignatures_put
@@ -752,10 +754,11 @@ UPDATE ledger.operations SET feed_position = $3 WHERE tenant_id = $1 AND operati
 -- name: log_make_tombstone
 -- log-recover: an operation the database has as not committed, whose commit the signed log proves:
 -- it becomes the committed tombstone of that commit (its receipt digest kept), never executable again.
+-- statement_timestamp() for Citus, as log_advance.
 UPDATE ledger.operations
 SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
     receipt_digest = $3, feed_position = $4, resolved_at = $5, resolved_by = 'log-recover',
-    updated_at = clock_timestamp(), purged_at = clock_timestamp(), purged_seq = chain_seq,
+    updated_at = statement_timestamp(), purged_at = statement_timestamp(), purged_seq = chain_seq,
     purged_hash = chain_hash
 WHERE tenant_id = $1 AND operation_id = $2;
 
