@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import httpx
@@ -58,6 +58,9 @@ FEED_BATCH = 1000
 # data, digests: ~0.1 ms a receipt) is cut into slices of this many receipts with a yield to the
 # event loop between slices, so a batch of a thousand never holds requests for tens of milliseconds.
 SLICE = 64
+# A pass that found a tenant's log state held by another writer (the checkpointer signing, another
+# replica's integrator) comes back after this long, or after the interval when that is shorter.
+HELD_RETRY_SECONDS = 0.05
 AUDIT_BUNDLES = 4  # bundles of the already signed log re-checked per checkpoint attempt, round robin
 IDLE_AUDIT_HORIZON = 3600  # seconds after its last checkpoint during which an idle log is still audited
 
@@ -212,9 +215,10 @@ async def _intact_slice(conn: asyncpg.Connection, tenant: str, rows: Sequence[Ma
 
 async def integrate_tenant(
     conn: asyncpg.Connection, tenant: str, batch_size: int, refuse: Refuse = _no_refusal
-) -> int:
+) -> int | None:
     """Position the tenant's new receipts on the feed, then append the next batch to its log; answers
-    how many leaves were appended (0 when another integrator holds the tenant)."""
+    how many leaves were appended (None when another writer, an integrator or the checkpointer, holds
+    the tenant's log state)."""
     async with conn.transaction():
         await conn.fetchrow(sql("tenant_context"), tenant)
         last = await conn.fetchval(sql("feed_lock"), tenant)
@@ -224,7 +228,7 @@ async def integrate_tenant(
         await conn.execute(sql("log_open"), tenant)
         state = await conn.fetchrow(sql("log_lock"), tenant)
         if state is None:
-            return 0
+            return None
         size = int(state["size"])
         rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
         intact = await _intact_receipts(conn, tenant, rows)
@@ -248,23 +252,31 @@ async def integrate_tenant(
     return len(data)
 
 
+Pass = Literal["full", "held", "done"]
+
+
 async def integrate(
     conn: asyncpg.Connection, batch_size: int, guard: LogGuard, refuse: Refuse = _no_refusal
-) -> bool:
+) -> Pass:
     """One integration pass over every tenant with receipts to log (tenants behind the signer wait
-    for log-recover: their positions would collide with signed leaves). Answers whether a tenant
-    filled its whole batch: more of its receipts may be waiting, so the next pass should not wait."""
+    for log-recover: their positions would collide with signed leaves). Answers `full` when a tenant
+    filled its whole batch (more of its receipts may be waiting: the next pass should not wait),
+    `held` when a tenant's log state was held by another writer (its receipts wait: the next pass
+    soon, HELD_RETRY_SECONDS), else `done`. Until round 14 a held tenant counted as caught up, and the
+    integrator slept a whole interval after meeting the checkpointer's lock."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
         tenants = [r["tenant_id"] for r in await conn.fetch(sql("log_tenants_to_integrate"), 1000)]
         await conn.fetchval(sql("maintenance_scope"), "off")
-    more = False
+    full = held = False
     for tenant in tenants:
         if tenant in guard.behind:
             continue
+        appended = await integrate_tenant(conn, tenant, batch_size, refuse)
         # full: its batch, or as many as one pass positions on the feed (FEED_BATCH), whichever is less
-        more |= await integrate_tenant(conn, tenant, batch_size, refuse) >= min(batch_size, FEED_BATCH)
-    return more
+        held |= appended is None
+        full |= appended is not None and appended >= min(batch_size, FEED_BATCH)
+    return "full" if full else "held" if held else "done"
 
 
 # ---- checkpointer -----------------------------------------------------------------------------
@@ -626,15 +638,18 @@ async def background_log(
 
     async def integrate_loop() -> None:
         # A pass that filled a batch is followed by the next at once (a backlog, after a restart or a
-        # burst, is logged at the integrator's speed, not at one batch per interval); the interval is
-        # the wait between passes that found the log caught up.
+        # burst, is logged at the integrator's speed, not at one batch per interval); one that met a
+        # tenant held by another writer comes back shortly; the interval is the wait between passes
+        # that found the log caught up.
+        interval = settings.log_integrate_interval_ms / 1000
+        waits = {"full": 0.0, "held": min(HELD_RETRY_SECONDS, interval), "done": interval}
         while True:
-            more = False
+            outcome: Pass = "done"
             try:
-                more = await integrate(integrating, settings.log_batch_size, guard, refuse)
+                outcome = await integrate(integrating, settings.log_batch_size, guard, refuse)
             except Exception as exc:
                 log.warning("log_integrate_failed", exception_type=type(exc).__name__)
-            await asyncio.sleep(0 if more else settings.log_integrate_interval_ms / 1000)
+            await asyncio.sleep(waits[outcome])
 
     async def checkpoint_loop() -> None:
         while True:
