@@ -1264,6 +1264,7 @@ CREATE TABLE ledger.log_tiles (
     CONSTRAINT log_tiles_level_check CHECK (((level >= '-1'::integer) AND (level <= 63))),
     CONSTRAINT log_tiles_width_check CHECK (((width >= 1) AND (width <= 256)))
 );
+ALTER TABLE ONLY ledger.log_tiles ALTER COLUMN data SET STORAGE EXTERNAL;
 
 ALTER TABLE ONLY ledger.log_tiles FORCE ROW LEVEL SECURITY;
 
