@@ -281,8 +281,9 @@ async def test_array_lookups_probe_the_key_per_id_whatever_the_statistics(db_url
                 assert scans, shown
                 for scan in scans:  # every scan of the table looks its rows up by the whole key ...
                     assert "operation_id" in scan.get("Index Cond", ""), shown
-                # ... so it reads the wanted rows and no other (7,900 of them without it)
-                assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) <= len(wanted) * 2, shown
+                # ... so it reads exactly the wanted rows (the array form read 180 index entries here, and
+                # 7,587 of a tenant of 7,700 in the bench's never-analysed table)
+                assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) == len(wanted), shown
             found_rows = await conn.fetch(sql(query), tenant, wanted)
             assert {r["operation_id"] for r in found_rows} == set(wanted)
     finally:

@@ -315,8 +315,12 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(
             "SELECT octet_length(data) AS raw, pg_column_size(data) AS kept FROM ledger.log_tiles"
             " WHERE tenant_id = 't1' AND level = -1 ORDER BY idx"
         )
-        assert len(stored) == 3 and all(r["raw"] > 100_000 for r in stored[:2]), stored
-        assert all((r["kept"] >= r["raw"]) is not on_citus for r in stored[:2]), stored
+        full = stored[:2]  # bundles 0 and 1 hold 256 entries each, bundle 2 the last 88
+        assert len(stored) == 3 and all(r["raw"] > 100_000 for r in full), stored
+        if on_citus:  # the default storage: pglz compresses leaf JSON about 2.3 x
+            assert all(r["kept"] < r["raw"] for r in full), stored
+        else:
+            assert all(r["kept"] >= r["raw"] for r in full), stored
     finally:
         for conn in conns:
             await conn.close()

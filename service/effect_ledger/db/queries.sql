@@ -720,11 +720,10 @@ RETURNING operation_id;
 -- The current receipt facts of some operations, to check new leaves against before signing. One
 -- primary-key probe per operation (the OFFSET 0 keeps the LATERAL a parameterised lookup), whatever
 -- the statistics say: written as `operation_id = ANY($2)`, on a table not analysed yet (a new
--- deployment's first minute; the bench's service row) the planner scanned the tenant's whole
--- primary-key range for each 64-operation slice and filtered the array (5.3 ms a slice at 7,700
+-- deployment's first minute; a `repeat` round on a fresh database) the planner scanned the tenant's
+-- whole primary-key range for each 64-operation slice and filtered the array (5.3 ms a slice at 7,700
 -- operations, growing with the tenant; round 14).
-SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
-       o.receipt_digest, o.chain_hash, o.resolved_at
+SELECT o.*
 FROM (SELECT DISTINCT unnest($2::text[])) AS k(operation_id)
 CROSS JOIN LATERAL (
     SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
