@@ -5,7 +5,11 @@ A `Window` is opened and closed around each layer's measurement. PostgreSQL's CP
 (tree_cpu_seconds); the Python under test is the service's process tree, or this process when the
 layer runs in it (asyncpg alone, the ASGI app); clients (pgbench, wrk, generator processes) are this
 process's reaped children. `other_cores` is the rest of the machine's busy time (from /proc/stat): the
-CPU that nobody in this run spent, i.e. how busy the machine was with something else.
+CPU that nobody in this run spent, i.e. how busy the machine was with something else. The kernel's own
+share is kept apart, as `kernel_cores`: interrupt and softirq time (which Linux charges to no process)
+and the kernel threads' CPU (kworkers completing the WAL's flushes, ksoftirqd). That work grows with
+the run's own rate of commits and packets, and the quiet rule used to read it as another process's
+load (docs/performance.md, round 15). It is printed beside every row, and not judged.
 
 WAL bytes come from pg_current_wal_lsn(), and write transactions from the next transaction ID
 (pg_snapshot_xmax of the current snapshot, which assigns none itself): every transaction that writes
@@ -42,6 +46,32 @@ def machine_busy_seconds() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / _TICKS
 
 
+PF_KTHREAD = 0x00200000  # a kernel thread (include/linux/sched.h), in /proc/PID/stat's flags
+
+
+def kernel_busy_seconds() -> float:
+    """CPU seconds the kernel spent on its own since boot: interrupts and softirqs (charged to no
+    process) and every kernel thread's time."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()
+    ticks = int(first[6]) + int(first[7])  # irq softirq
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            ticks += kernel_thread_ticks(Path(entry.path, "stat").read_text())
+        except OSError:
+            continue  # it ended meanwhile
+    return ticks / _TICKS
+
+
+def kernel_thread_ticks(stat: str) -> int:
+    """A /proc/PID/stat line's utime + stime in clock ticks when it is a kernel thread's, else 0."""
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command, which may hold spaces and ')'
+    if int(fields[6]) & PF_KTHREAD:  # flags, the 9th field of the whole line
+        return int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th)
+    return 0
+
+
 def load_average() -> float:
     """The one-minute load average."""
     return float(Path("/proc/loadavg").read_text().split()[0])
@@ -59,7 +89,8 @@ class Window:
     postgres_cpu: float | None = None
     python_cpu: float | None = 0.0  # None: no Python in this layer (pgbench)
     client_cpu: float = 0.0
-    other_cores: float = 0.0
+    other_cores: float = 0.0  # other processes' (the quiet rule judges this)
+    kernel_cores: float = 0.0  # the kernel's own work, much of it the run's (printed, not judged)
     wal_bytes: int = 0
     commits: int = 0
     _start: dict[str, float] = field(default_factory=dict)
@@ -82,6 +113,7 @@ class Window:
             "self": self_cpu_seconds(),
             "clients": children_cpu_seconds(),
             "busy": machine_busy_seconds(),
+            "kernel": kernel_busy_seconds(),
             "lsn": float(lsn),
             "commits": float(commits),
         }
@@ -97,8 +129,10 @@ class Window:
         own = self_cpu_seconds() - s["self"]
         self.client_cpu = children_cpu_seconds() - s["clients"]
         busy = machine_busy_seconds() - s["busy"]
+        kernel = kernel_busy_seconds() - s["kernel"]
         ours = (pg or 0.0) + self.client_cpu + own + (0.0 if self.python_in_self else python)
-        self.other_cores = max(busy - ours, 0.0) / max(self.seconds, 1e-9)
+        self.kernel_cores = kernel / max(self.seconds, 1e-9)
+        self.other_cores = max(busy - ours - kernel, 0.0) / max(self.seconds, 1e-9)
         lsn, commits = await self._counters()
         self.wal_bytes = lsn - int(s["lsn"])
         self.commits = commits - int(s["commits"])
@@ -112,5 +146,5 @@ class Window:
         return (
             f"per cycle: {pg}, {python}, WAL {self.wal_bytes / n:,.0f} B, "
             f"{self.commits / n:.2f} write xacts; "
-            f"other load {self.other_cores:.2f} cores"
+            f"other load {self.other_cores:.2f} cores (kernel {self.kernel_cores:.2f})"
         )

@@ -8,7 +8,8 @@ time, drives full effect cycles from the bench's generator (wrk when installed) 
 cycles/s, serve's CPU per request, the claim's p50/p99, and PostgreSQL's CPU per cycle split by
 process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young table's
 statistics from the machine's drift. `--variant` sets serve's environment on every second round
-(A, B, A, B, ...): an A/B of one setting against the sitting's drift.
+(A, B, A, B, ...): an A/B of one setting against the sitting's drift (`EFFECT_LEDGER_WORKERS=N` there
+sets serve's `--workers` for those rounds).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -233,7 +234,9 @@ async def main(
         for n in range(rounds):
             env = variant if n % 2 == 1 else {}
             await cluster.settle()  # no round pays for the last one's vacuum or a timed checkpoint
-            line = await one_round(url, secret, workdir, sampler, workers, executors, seconds, env)
+            # serve's --workers flag wins over its environment: a variant's worker count goes to the flag
+            count = int(env.get("EFFECT_LEDGER_WORKERS", workers))
+            line = await one_round(url, secret, workdir, sampler, count, executors, seconds, env)
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
             if n + 1 == analyze_after:

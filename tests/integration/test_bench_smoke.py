@@ -39,6 +39,10 @@ ROWS = [
     r".*0 errors; claim p99 [\d.]+ ms",
     rf"1 +full service, receipts log on again \(LOG_ENABLED=true\), 16 executors +[\d,]+ cycles/s +{PER_CYCLE}"
     r".*0 errors; claim p99 [\d.]+ ms; log caught up in [\d.]+ s first",
+    rf"1 +full service, receipts log on, third row \(LOG_ENABLED=true\), 16 executors +[\d,]+ cycles/s "
+    rf"+{PER_CYCLE}.*0 errors; claim p99 [\d.]+ ms; log caught up in [\d.]+ s first",
+    rf"1 +full service, receipts log off again \(LOG_ENABLED=false\), 16 executors +[\d,]+ cycles/s "
+    rf"+{PER_CYCLE}.*0 errors; claim p99 [\d.]+ ms",
     r"2 +service: claim +[\d,]+ calls/s .*p99 <= 10 ms: (PASS|MISS)",
     r"2 +service: submit +[\d,]+ calls/s",
     r"2 +service: complete +[\d,]+ calls/s",

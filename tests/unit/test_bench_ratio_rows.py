@@ -23,11 +23,11 @@ def ratio_rows(bench: Bench) -> dict[str, tuple[str, str]]:
     return {row.name: (row.rate, row.target) for row in bench.rows if row.step == "7"}
 
 
-LAYERS = ("lean", "service", "unbatched", "log_off", "log_on_again")
+LAYERS = ("lean", "service", "unbatched", "log_off", "log_on_again", "log_on_third", "log_off_again")
 
 
 def test_a_denominator_row_with_no_cycle_prints_not_measured_and_says_why() -> None:
-    bench = bench_with(dict(zip(LAYERS, (1000, 400, 0, 0, 380), strict=True)), load=0.1)
+    bench = bench_with(dict(zip(LAYERS, (1000, 400, 0, 0, 380, 390, 410), strict=True)), load=0.1)
     rows = ratio_rows(bench)
     assert rows["natural batching: service on / off, cycles/s"] == (
         "not reported",
@@ -46,16 +46,27 @@ def test_a_denominator_row_with_no_cycle_prints_not_measured_and_says_why() -> N
 
 
 def test_quiet_run_with_every_row_reports_every_ratio() -> None:
-    bench = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580), strict=True)), load=0.1)
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580, 590, 610), strict=True)), load=0.1)
     rows = ratio_rows(bench)
     assert rows["natural batching: service on / off, cycles/s"] == ("2.00", "> 1 keeps it: PASS")
-    assert rows["receipts log: service on / off, cycles/s"] == ("0.95", ">= 0.95: PASS")  # (600+580)/2 / 620
-    why = [row.notes for row in bench.rows if row.name.startswith("natural batching")]
-    assert why == ["600 / 300 cycles/s; PostgreSQL 2.00 / 2.00 ms per cycle"]
+    # off, on, on, off: (580 + 590) / 2 against (620 + 610) / 2; the main service row (600) is not one
+    assert rows["receipts log: service on / off, cycles/s"] == ("0.95", ">= 0.95: PASS")
+    why = [
+        row.notes for row in bench.rows if row.name.startswith(("natural batching", "receipts log: service"))
+    ]
+    assert why == [
+        "600 / 300 cycles/s; PostgreSQL 2.00 / 2.00 ms per cycle",
+        "585 / 615 cycles/s (rows: off 620, on 580 and 590, off 610); WAL 0 / 0 B per cycle",
+    ]
+
+
+def test_the_log_ratio_is_missed_when_its_on_rows_are_more_than_five_percent_slower() -> None:
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 575, 580, 610), strict=True)), load=0.1)
+    assert ratio_rows(bench)["receipts log: service on / off, cycles/s"] == ("0.94", ">= 0.95: MISS")
 
 
 def test_busy_machine_withholds_every_ratio_with_the_reason() -> None:
-    bench = bench_with(dict(zip(LAYERS, (1000, 600, 0, 620, 580), strict=True)), load=6.77)
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 0, 620, 580, 580, 620), strict=True)), load=6.77)
     rows = ratio_rows(bench)
     for name in ("service / lean yardstick, cycles/s", "natural batching: service on / off, cycles/s"):
         assert rows[name][0] == "not reported"
@@ -64,10 +75,10 @@ def test_busy_machine_withholds_every_ratio_with_the_reason() -> None:
 
 
 def test_a_lean_row_without_cycles_or_without_postgresql_cpu_says_which() -> None:
-    bench = bench_with(dict(zip(LAYERS, (0, 600, 300, 620, 580), strict=True)), load=0.1)
+    bench = bench_with(dict(zip(LAYERS, (0, 600, 300, 620, 580, 580, 620), strict=True)), load=0.1)
     rows = ratio_rows(bench)
     assert rows["service / lean yardstick, cycles/s"] == ("not reported", ">= 0.50: NOT MEASURED")
-    elsewhere = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580), strict=True)), load=0.1)
+    elsewhere = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 580, 580, 620), strict=True)), load=0.1)
     for layer in elsewhere.layers.values():
         layer.window.postgres_cpu = None  # EFFECT_LEDGER_DATABASE_URL: PostgreSQL's processes are not ours
     rows = ratio_rows(elsewhere)
@@ -81,7 +92,7 @@ def test_a_lean_row_without_cycles_or_without_postgresql_cpu_says_which() -> Non
 
 
 def test_the_lean_ratios_use_the_mean_of_the_lean_rows_before_and_after_the_service() -> None:
-    rates = dict(zip(LAYERS, (1000, 450, 300, 450, 450), strict=True))
+    rates = dict(zip(LAYERS, (1000, 450, 300, 450, 450, 580, 620), strict=True))
     bench = bench_with({**rates, "lean_again": 900}, load=0.1)
     rows = ratio_rows(bench)
     assert rows["service / lean yardstick, cycles/s"] == ("0.47", ">= 0.50: MISS")  # 450 / (1000+900)/2
@@ -95,7 +106,7 @@ def test_the_lean_ratios_use_the_mean_of_the_lean_rows_before_and_after_the_serv
 
 
 def test_lean_rows_that_drifted_apart_withhold_every_ratio() -> None:
-    rates = dict(zip(LAYERS, (1000, 450, 300, 450, 450), strict=True))
+    rates = dict(zip(LAYERS, (1000, 450, 300, 450, 450, 580, 620), strict=True))
     bench = bench_with({**rates, "lean_again": 800}, load=0.1)
     rows = ratio_rows(bench)
     assert rows["service / lean yardstick, cycles/s"] == ("not reported", ">= 0.50: NOT MEASURED")
