@@ -1,0 +1,164 @@
+"""What the receipts log costs per receipt: the integrator's and the checkpointer's Python, and the CPU of
+the PostgreSQL backend serving them.
+
+    python -m effect_ledger_bench.logcpu --receipts 3000 [--rounds 5] [--batch 1000]
+
+Each round, on a fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's server): `--warmup` receipts
+are committed through the app in process (inprocess.cycles, 16 executors, the log off), integrated and
+signed (the connection's statements prepared, the signer's key made); then `--receipts` more are
+committed, and measured: the integrator's passes (`integrate`, `--batch` receipts a pass, until caught
+up), then one checkpointer pass (`checkpoint`, the in-process signer; it also audits the warm-up's
+entries, as every checkpoint audits up to AUDIT_BUNDLES bundles of the signed log). Printed per round
+and as medians: Python CPU per receipt (`time.process_time` of this process, which does nothing else
+meanwhile) and the backend's CPU per receipt (utime + stime of /proc/<pg_backend_pid()>/stat, so only
+on a server of this machine), for integrating and checkpointing apart, and the load average.
+
+CPU time is steadier than wall time on a shared machine, not steady: compare the medians of several
+rounds taken in one sitting. Not part of `effect-ledger bench`; it asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from contextlib import redirect_stdout
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import asyncpg
+
+from effect_ledger.db import receipt_log
+from effect_ledger.db.maintenance import owner_connection
+from effect_ledger.http.auth import mint_token
+from effect_ledger.settings import Settings
+from effect_ledger.signer import signer_from_settings
+from effect_ledger_bench.catalogue import sql
+from effect_ledger_bench.database import Cluster
+from effect_ledger_bench.inprocess import Driver, Lifespan, cycles
+from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
+
+CONCURRENCY = 16  # executors committing, as the bench's load: their events interleave in the tables
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's figures, microseconds of CPU per receipt."""
+
+    integrate_py: float
+    integrate_pg: float
+    checkpoint_py: float
+    checkpoint_pg: float
+    load: float
+
+    def line(self, n: int) -> str:
+        """The printed line of round n."""
+        return (
+            f"round {n}: integrate {self.integrate_py:.1f} us Python + {self.integrate_pg:.1f} us PostgreSQL"
+            f" per receipt; checkpoint {self.checkpoint_py:.1f} us Python + {self.checkpoint_pg:.1f} us"
+            f" PostgreSQL per receipt; load average {self.load:.2f}"
+        )
+
+
+def backend_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process of this machine (a PostgreSQL backend), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), after pid and comm
+
+
+async def commit(settings: Settings, secret: str, count: int, prefix: str) -> None:
+    """`count` receipts of TENANT committed through the app in process (the log off)."""
+    from effect_ledger.http.app import create_app
+
+    tokens = [mint_token(secret, TENANT, PRINCIPAL, SCOPE, settings, 3600) for _ in range(CONCURRENCY)]
+    with open(os.devnull, "w") as sink, redirect_stdout(sink):  # noqa: ASYNC230 - the app's log lines
+        app = create_app(settings, jwt_secret=secret)
+        async with Lifespan(app):
+            statuses = await cycles(Driver(app), tokens, count, CONCURRENCY, prefix)
+    if statuses.get("complete 200") != count:
+        raise RuntimeError(f"not every cycle committed: {statuses}")
+
+
+async def log_all(
+    conn: asyncpg.Connection, settings: Settings, config: receipt_log.LogConfig, guard: receipt_log.LogGuard
+) -> tuple[float, float, float, float, int]:
+    """Integrate until caught up, then one checkpoint: (Python s, backend s) of each, the signed size."""
+    pid = int((await conn.fetchrow(sql("bench_server")))["backend_pid"])
+    signer = signer_from_settings(settings)
+    py, pg = time.process_time(), backend_cpu_seconds(pid)
+    while await receipt_log.integrate(conn, settings.log_batch_size, guard) == "full":
+        pass
+    integrate_py, integrate_pg = time.process_time() - py, backend_cpu_seconds(pid) - pg
+    py, pg = time.process_time(), backend_cpu_seconds(pid)
+    signed = await receipt_log.checkpoint(conn, signer, config, guard)
+    checkpoint_py, checkpoint_pg = time.process_time() - py, backend_cpu_seconds(pid) - pg
+    if guard.tainted or len(signed) != 1:
+        raise RuntimeError(f"the checkpoint was refused: {guard.tainted}, signed {signed}")
+    return integrate_py, integrate_pg, checkpoint_py, checkpoint_pg, signed[0][1]
+
+
+async def one_round(cluster: Cluster, n: int, receipts: int, warmup: int, batch: int, workdir: Path) -> Round:
+    """A fresh database: the warm-up logged and signed, then `receipts` more measured."""
+    url = await cluster.create(f"effect_ledger_bench_logcpu_{n}")
+    environ = {
+        "EFFECT_LEDGER_DATABASE_URL": url,
+        "EFFECT_LEDGER_LOG_ENABLED": "false",
+        "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0",
+        "EFFECT_LEDGER_DATA_DIR": str(workdir / f"data-{n}"),  # a fresh signer state per database
+    }
+    settings = replace(Settings.from_env(environ), database_url=url, log_batch_size=batch)
+    secret = secrets.token_urlsafe(48)
+    # checkpoint_seconds 0: the measured checkpoint follows the warm-up's at once
+    config = receipt_log.LogConfig(settings.log_origin, 0)
+    guard = receipt_log.LogGuard()
+    await commit(settings, secret, warmup, f"lc{n}w")
+    conn = await owner_connection(settings)
+    try:
+        await log_all(conn, settings, config, guard)
+        await commit(settings, secret, receipts, f"lc{n}")
+        load = os.getloadavg()[0]
+        ipy, ipg, cpy, cpg, size = await log_all(conn, settings, config, guard)
+    finally:
+        await conn.close()
+    if size != warmup + receipts:
+        raise RuntimeError(f"signed {size} receipts, expected {warmup + receipts}")
+    per = 1e6 / receipts
+    return Round(ipy * per, ipg * per, cpy * per, cpg * per, max(load, os.getloadavg()[0]))
+
+
+async def main(receipts: int, rounds: int, warmup: int, batch: int) -> None:
+    """`rounds` rounds, each line printed as it ends, then the medians."""
+    workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-logcpu-"))
+    cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
+    try:
+        print(
+            f"{receipts} receipts a round, batch {batch}, warm-up {warmup}; PostgreSQL {cluster.version};"
+            f" {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; load average"
+            f" {os.getloadavg()[0]:.2f} at the start",
+            flush=True,
+        )
+        done = []
+        for n in range(rounds):
+            done.append(await one_round(cluster, n, receipts, warmup, batch, workdir))
+            print(done[-1].line(n), flush=True)
+        medians = Round(*(statistics.median(getattr(r, f.name) for r in done) for f in fields(Round)))
+        print(medians.line(rounds).replace(f"round {rounds}", f"median of {rounds}"), flush=True)
+    finally:
+        await cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--receipts", type=int, default=3000, help="receipts measured per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=300, help="receipts logged and signed before")
+    parser.add_argument("--batch", type=int, default=1000, help="LOG_BATCH_SIZE of the integrator's passes")
+    args = parser.parse_args()
+    asyncio.run(main(args.receipts, args.rounds, args.warmup, args.batch))
