@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from effect_ledger.db.catalogue import sql
-from effect_ledger.db.ledger import Ledger, event_view, row_to_operation
+from effect_ledger.db.ledger import Ledger, row_to_operation
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.errors import not_found
@@ -146,15 +146,11 @@ async def list_access_log(
     return _page(rows, limit, lambda row: (row["at"], row["access_id"]))
 
 
-def _hashed(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An event row as its hash covers it (the API view plus operation_id)."""
-    return {**event_view(row), "operation_id": row["operation_id"]}
-
-
 def chain_verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     """One operation's chain recomputed from its operation_chain rows (also used by the receipts log);
-    a purged one from the point the purge cut it at."""
-    events = [_hashed(r) for r in rows if r["seq"] is not None]
+    a purged one from the point the purge cut it at. The rows are hashed as they are (each `at`
+    rendered as the API shows it): no event view is built per row."""
+    events = [r for r in rows if r["seq"] is not None]
     head = rows[0]
     purged = head["purged_seq"] is not None
     return verify_chain(
@@ -164,6 +160,7 @@ def chain_verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
         base_seq=head["purged_seq"] if purged else 0,
         base_hash=head["purged_hash"] if purged else GENESIS_HASH,
         head_hash=head["op_hash"],
+        format_at=format_ts,
     )
 
 

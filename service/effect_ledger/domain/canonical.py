@@ -14,7 +14,9 @@ __all__ = [
     "CanonicalizationError",
     "canonical_json",
     "canonical_json_reference",
+    "encode_members",
     "intent_digest",
+    "plain_scalar",
     "serialize_number",
 ]
 
@@ -28,6 +30,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _ASTRAL = re.compile(rb"[\xf0-\xf4]")  # the lead byte of a UTF-8 character beyond U+FFFF
 _SORTED_ENCODE = msgspec.json.Encoder(order="sorted").encode
 _SCALARS = frozenset({str, bool, type(None)})  # always plain (ints are checked for their range)
+_ENCODE = msgspec.json.Encoder().encode  # a Struct's fields in their declared order
 
 # JCS uses the ES6 JSON.stringify escapes: six short forms, other C0 controls as \u00xx
 # (lowercase hex), and every other character literal (no \u escapes for non-ASCII).
@@ -101,6 +104,30 @@ def _plain(value: object, depth: int, max_depth: int) -> bool:
         elif not _plain(item, depth + 1, max_depth):
             return False
     return True
+
+
+def plain_scalar(value: object) -> bool:
+    """Whether msgspec writes `value` exactly as JCS does: a str (unless it holds a lone surrogate, which
+    msgspec refuses), a bool, None, or an int of at most 2**53 in magnitude."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    return kind is int and -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT  # type: ignore[operator]
+
+
+def encode_members(members: msgspec.Struct) -> bytes | None:
+    """The JCS text of an object with fixed ASCII keys, given as a Struct whose fields are declared in
+    sorted order, whose scalar members passed plain_scalar and whose other members are msgspec.Raw
+    holding their canonical_json; None when a string holds a lone surrogate (the caller then takes
+    canonical_json of the object as a dict, which combines a pair or refuses).
+
+    For the hashes of every event, receipt and leaf the receipts log recomputes: no dict built per
+    object, and no walk over members already known to be plain (tests/unit/test_canonical.py checks
+    the bytes against canonical_json_reference)."""
+    try:
+        return _ENCODE(members)
+    except UnicodeEncodeError:
+        return None
 
 
 def canonical_json_reference(value: object, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ def verify_chain(
     base_seq: int = 0,
     base_hash: str = GENESIS_HASH,
     head_hash: str | None = None,
+    format_at: Callable[[Any], Any] | None = None,
 ) -> ChainVerdict:
     """Recompute every link; then the head must record the row's status and attempt, and be the row's
     chain head (`head_hash`, when given: the hash the row, its receipt and its log leaf name).
@@ -37,8 +38,9 @@ def verify_chain(
     disagrees with the row means events were removed from the end (the first missing seq is reported),
     which the hashes alone cannot show. An operation without any event lost its first one, unless a
     purge cut its chain (base_seq, base_hash): then the events after that point must link onto it.
+    `format_at`: as first_bad_seq's (events given as database rows).
     """
-    checked, bad = first_bad_seq(events, base_seq, base_hash)
+    checked, bad = first_bad_seq(events, base_seq, base_hash, format_at)
     if bad is not None:
         return ChainVerdict(checked, bad)
     if not events:

@@ -1,0 +1,155 @@
+"""The receipts log's hashing fast paths (round 15) against the reference: an event's link hash given
+field by field, a chain walked over database rows, a receipt's digest. Same bytes, same verdicts, same
+refusals, for arbitrary values (Hypothesis) as for the shapes the ledger writes."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from effect_ledger.domain.canonical import CanonicalizationError, canonical_json_reference
+from effect_ledger.domain.chain import GENESIS_HASH, HASHED_FIELDS, event_hash, first_bad_seq, link_hash
+from effect_ledger.domain.model import RECEIPT_FIELDS, receipt_digest
+from effect_ledger.domain.timefmt import format_ts
+from effect_ledger.domain.verification import verify_chain
+
+any_text = st.text(st.characters(blacklist_categories=()))  # surrogates and astral characters too
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**54), max_value=2**54)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | any_text
+    | st.sampled_from(["\ud83d\ude00", "\U0001f600", "\ue000", "\x7f", "\u2028", '\x00\x1f\b\\"', "pending"])
+)
+values = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(any_text, children, max_size=3),
+    max_leaves=12,
+)
+# fields that mostly look like the ledger's, sometimes anything at all
+texts = st.sampled_from(["op-1", "exec-1", "submitted", "2026-11-30T10:00:30.120Z"]) | values
+ints = st.integers(min_value=0, max_value=5) | st.sampled_from([2**53, -(2**53), 2**53 + 1]) | values
+
+
+def _reference_hash(prev: str, content: dict[str, Any]) -> tuple[str, str]:
+    try:
+        body = canonical_json_reference(content)
+    except CanonicalizationError:
+        return "refused", ""
+    return "ok", hashlib.sha256(prev.encode("ascii") + b"\n" + body).hexdigest()
+
+
+def _fast_hash(prev: str, fields: tuple[Any, ...]) -> tuple[str, str]:
+    try:
+        return "ok", link_hash(prev, *fields)
+    except CanonicalizationError:
+        return "refused", ""
+
+
+@given(st.tuples(texts, ints, texts, texts, texts, texts | st.none(), texts, ints, values))
+def test_link_hash_is_the_reference_hash(fields: tuple[Any, ...]) -> None:
+    content = dict(zip(HASHED_FIELDS, fields, strict=True))
+    assert _fast_hash(GENESIS_HASH, fields) == _reference_hash(GENESIS_HASH, content)
+
+
+def _chain(count: int, data: list[Any]) -> list[dict[str, Any]]:
+    """Database-shaped rows (`at` a datetime) of a valid chain."""
+    rows, prev = [], GENESIS_HASH
+    start = datetime(2026, 11, 30, 10, 0, 30, 120000, tzinfo=UTC)
+    for seq in range(1, count + 1):
+        row = {
+            "operation_id": "op-1",
+            "seq": seq,
+            "at": start + timedelta(milliseconds=seq * 7),
+            "kind": "claimed" if seq == 1 else "submitted",
+            "actor": "exec-1",
+            "from_status": None if seq == 1 else "pending",
+            "to_status": "pending" if seq == 1 else "submitted",
+            "attempt": 1,
+            "data": data[(seq - 1) % len(data)],
+            "prev_hash": prev,
+        }
+        view = {name: row[name] for name in HASHED_FIELDS} | {"at": format_ts(row["at"])}
+        row["hash"] = prev = _reference_hash(prev, view)[1]
+        rows.append(row)
+    return rows
+
+
+EDITS = {
+    "seq": lambda seq: seq + 1,
+    "attempt": lambda attempt: attempt + 1,
+    "at": lambda at: at + timedelta(milliseconds=1),
+    "data": lambda _: {"edited": True},
+}
+json_data = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    st.integers(1, 5),
+    st.lists(json_data, min_size=1, max_size=5),
+    st.integers(0, 5),
+    st.sampled_from(HASHED_FIELDS),
+)
+def test_a_chain_of_rows_gets_the_verdict_of_its_views(
+    count: int, data: list[Any], bad: int, field: str
+) -> None:
+    rows = _chain(count, data)
+    if bad < count:  # one hashed field edited after the fact
+        rows[bad][field] = EDITS.get(field, lambda _: "x")(rows[bad][field])
+    views = [{**r, "at": format_ts(r["at"])} for r in rows]
+    assert first_bad_seq(rows, format_at=format_ts) == first_bad_seq(views)
+    head = rows[-1]
+    assert verify_chain(rows, "submitted", 1, head_hash=head["hash"], format_at=format_ts) == verify_chain(
+        views, "submitted", 1, head_hash=head["hash"]
+    )
+
+
+def test_the_ledgers_own_event_takes_the_fast_path_and_hashes_as_before() -> None:
+    event = {
+        "operation_id": "op-7", "seq": 2, "at": "2026-11-30T10:00:30.120Z", "kind": "submitted",
+        "actor": "exec-1", "from_status": "pending", "to_status": "submitted", "attempt": 1,
+        "data": {"effect_ref": "remote-req-19", "lease_expires_at": "2026-11-30T10:01:00.120Z"},
+    }  # fmt: skip
+    assert event_hash(GENESIS_HASH, event) == _reference_hash(GENESIS_HASH, event)[1]
+
+
+receipts = st.dictionaries(st.sampled_from([*RECEIPT_FIELDS, "other"]), values, max_size=7)
+
+
+@given(receipts)
+def test_receipt_digest_is_the_digest_of_the_shown_receipt(receipt: dict[str, Any]) -> None:
+    shown = {name: receipt.get(name) for name in RECEIPT_FIELDS}
+    try:
+        expected: str | None = "sha256:" + hashlib.sha256(canonical_json_reference(shown)).hexdigest()
+    except CanonicalizationError:
+        expected = None
+    if expected is None:
+        with pytest.raises(CanonicalizationError):
+            receipt_digest(receipt)
+    else:
+        assert receipt_digest(receipt) == expected
+
+
+def test_a_stored_receipt_digest_as_before() -> None:
+    receipt = {
+        "external_ref": "rcpt-1", "result_digest": None, "result": {"n": 1, "ok": True}, "observed_at": None,
+        "recorded_by": "exec-1", "recorded_at": "2026-11-30T10:00:30.120Z",
+    }  # fmt: skip
+    assert receipt_digest(receipt) == (
+        "sha256:" + hashlib.sha256(canonical_json_reference(receipt)).hexdigest()
+    )
+    assert receipt_digest(None) is None
