@@ -190,7 +190,11 @@ SELECT host(inet_server_addr()) AS address, inet_server_port() AS port,
 -- Reconciler list without a status filter: one page of the tenant's operations in creation order,
 -- one ordered branch of operations_by_status per status merged (Merge Append: no sort of the set).
 -- There is no index by creation alone (0013: it took the write path's lookups from the primary key).
-SELECT * FROM (
+-- log_index as read_operation has it (every read's view carries it, API.md 14): one InitPlan a page.
+SELECT page.*, CASE WHEN page.status = 'committed' AND page.feed_position <= (
+           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
+       THEN page.feed_position - 1 END AS log_index
+FROM (
     (SELECT o.*, $6::timestamptz AS db_now
      FROM ledger.operations AS o
      WHERE o.tenant_id = $1 AND o.status = 'pending'
@@ -241,7 +245,10 @@ LIMIT $7;
 
 -- name: list_operations_by_status
 -- Reconciler list of one stored status; `submitted` means live leases only (an expired one is unknown).
-SELECT o.*, $6::timestamptz AS db_now
+SELECT o.*, $6::timestamptz AS db_now,
+       CASE WHEN o.status = 'committed' AND o.feed_position <= (
+           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
+       THEN o.feed_position - 1 END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = $8
   AND o.status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')  -- operations_by_status's predicate (with the created_at bound)
@@ -255,7 +262,8 @@ LIMIT $7;
 -- name: list_unknown_operations
 -- Reconciler list of unknown outcomes: stored unknown plus submitted whose lease has expired, unswept.
 -- Two ordered index scans merged (Merge Append), so the page needs no sort of the whole set.
-SELECT * FROM (
+-- None of them is committed: no log_index (null in the view, as every read's view has it).
+SELECT *, NULL::bigint AS log_index FROM (
     (SELECT o.*, $6::timestamptz AS db_now
      FROM ledger.operations AS o
      WHERE o.tenant_id = $1 AND o.status = 'unknown'
@@ -280,7 +288,12 @@ LIMIT $7;
 -- name: list_receipts
 -- Receipts feed: committed operations in feed position order after $2, over operations_feed.
 -- since/until filter by resolution time; a tombstone keeps its position but has no receipt to show.
-SELECT o.*, clock_timestamp() AS db_now
+-- log_index: the receipt's leaf once a signed checkpoint covers its position (API.md 14), so an
+-- auditor following the feed maps each receipt to its leaf; the log's size read once a page.
+SELECT o.*, clock_timestamp() AS db_now,
+       CASE WHEN o.feed_position <= (
+           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
+       THEN o.feed_position - 1 END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.feed_position > $2
   AND o.status = 'committed' AND o.receipt IS NOT NULL
