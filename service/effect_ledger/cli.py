@@ -231,11 +231,12 @@ def _serve_granian(ready: Settings) -> None:
     too: http.rsgi runs it in each worker's init and del)."""
     from granian import Granian
     from granian.constants import Interfaces
-    from prometheus_client import values
+
+    from effect_ledger.http.metrics import choose_value_class
 
     # granian forks its workers from this process, which imported prometheus_client before
     # prepare_multiprocess_dir set its directory: choose the per-process value files now.
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    choose_value_class()
     rsgi = ready.granian_interface == "rsgi"  # docs/performance.md, "Issue 20 item 3: the RSGI entry"
     Granian(
         "effect_ledger.http.rsgi:rsgi_app_from_env" if rsgi else "effect_ledger.http.app:app_from_env",

@@ -40,6 +40,7 @@ from typing import Any
 import structlog
 
 from effect_ledger.db.receipt_log import log_runs_elsewhere, own_log_process
+from effect_ledger.http.metrics import choose_value_class
 from effect_ledger.settings import Settings
 
 LOG_SLOT = -1  # the slot of the log process (LOG_OWN_PROCESS), beside the workers' 0 .. N-1
@@ -72,11 +73,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(settings: Settings) -> int:
     """Run the supervisor until SIGTERM or SIGINT; the exit code for `serve`."""
-    from prometheus_client import values
-
     # The workers fork from this process, which imported prometheus_client before
     # prepare_multiprocess_dir set its directory: choose the per-process value files now.
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    choose_value_class()
     try:
         sock = listen(settings.host, settings.port)
     except OSError as failed:

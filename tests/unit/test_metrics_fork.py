@@ -1,0 +1,50 @@
+"""prometheus_client's multiprocess values keyed by a process ID read once and again after each fork
+(http.metrics.choose_value_class): a forked worker writes its own value file, never its parent's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from prometheus_client import CollectorRegistry, Counter
+    from effect_ledger.http.metrics import choose_value_class
+
+    choose_value_class()  # PROMETHEUS_MULTIPROC_DIR is set: per-process files
+    registry = CollectorRegistry()
+    counter = Counter("forked", "test", ["who"], registry=registry)
+    counter.labels("parent").inc(3)
+    pid = os.fork()
+    if pid == 0:
+        counter.labels("child").inc(5)
+        counter.labels("parent").inc(0)  # the parent's series, from the child: the child's file
+        os._exit(0)
+    os.waitpid(pid, 0)
+    counter.labels("parent").inc(1)
+    print(os.getpid(), pid)
+    """
+)
+
+
+def test_a_forked_process_writes_its_own_value_file(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    parent, child = done.stdout.split()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"counter_{parent}.db", f"counter_{child}.db"]
+    )
+
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+    text = generate_latest(registry).decode()
+    # the parent's 3 + 1 and the child's 0 for "parent" (summed), the child's 5: nothing counted twice
+    assert 'forked_total{who="parent"} 4.0' in text
+    assert 'forked_total{who="child"} 5.0' in text
