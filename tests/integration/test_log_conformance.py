@@ -16,8 +16,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -32,6 +30,7 @@ import pytest
 from effect_ledger.settings import Settings
 from support.auth import TEST_SECRET
 from support.ledger import AUDITOR, RECONCILER, committed, get
+from support.receipt_log import cli_process, log_settings
 from support.server import Service, free_port
 from support.tlog_spec import (
     COSIGNATURE_V1,
@@ -62,7 +61,6 @@ from support.tlog_spec import (
 from support.waiting import until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.storage]
-CLI = Path(sys.executable).with_name("effect-ledger")
 ORIGIN = "effect-ledger.local"  # LOG_ORIGIN's default
 LEAF_KEYS = {
     "v", "tenant", "operation_id", "index", "principal", "tool", "tool_version", "intent_digest",
@@ -80,37 +78,14 @@ def receipt_of(i: int) -> dict[str, Any]:
     return {"external_ref": f"secret-ref-{i}", "result": {"payload": f"secret-content-{i}", "n": i}}
 
 
-def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
-    return replace(
-        settings,
-        log_enabled=True,
-        log_signer_key=None,
-        log_signer_state=str(tmp_path / "signer"),
-        data_dir=str(tmp_path / "data"),
-        log_checkpoint_seconds=1,
-        log_integrate_interval_ms=50,
-        rate_limit_per_second=0,  # hundreds of commits of one principal back to back
-        **more,  # type: ignore[arg-type]
-    )
-
-
 @contextmanager
 def witness(tmp_path: Path, vkeys: list[str]) -> Iterator[dict[str, str]]:
     """`effect-ledger witness` for the given logs; yields its first line, {"witness": url, "vkey": …}."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
     args = ["witness", "--port", str(free_port()), "--state", str(tmp_path / "witness")]
     args += ["--key", str(tmp_path / "witness-key"), "--log", *vkeys]
-    proc = subprocess.Popen(
-        [str(CLI), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read() if proc.stderr else ""
-        yield json.loads(line)
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
+    with cli_process(*args, env=env) as started:
+        yield started
 
 
 @dataclass

@@ -25,6 +25,7 @@ from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
 from support.ledger import AUDITOR, committed, get, wait_for_size
+from support.receipt_log import log_settings
 from support.server import Service
 from support.waiting import until
 
@@ -36,23 +37,6 @@ VERIFY = Path(sys.executable).with_name("effect-ledger-verify")
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
-
-
-def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
-    return replace(
-        settings,
-        log_enabled=True,
-        log_signer_key=None,
-        log_signer_state=str(tmp_path / "signer"),
-        data_dir=str(tmp_path / "data"),
-        log_checkpoint_seconds=1,
-        log_integrate_interval_ms=50,
-        # These tests commit hundreds of operations of one principal back to back: on a fast machine
-        # 300 cycles (600 requests) outran the default limit (burst 400, 200/s) and the 525th got a 429
-        # (the rate limit has its own tests: test_rate_limits.py).
-        rate_limit_per_second=0,
-        **more,  # type: ignore[arg-type]
-    )
 
 
 @pytest.fixture

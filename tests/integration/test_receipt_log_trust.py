@@ -17,10 +17,7 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,23 +33,11 @@ from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
 from support.ledger import AUDITOR, CLAIM, claim, committed, get
+from support.receipt_log import CLI, cli_process, log_settings
 from support.server import Service, free_port
 from support.waiting import until
 
 pytestmark = pytest.mark.timeout(240)
-CLI = Path(sys.executable).with_name("effect-ledger")
-
-
-def log_settings(settings: Settings, tmp_path: Path, **more: object) -> Settings:
-    return replace(
-        settings,
-        log_enabled=True,
-        log_signer_state=str(tmp_path / "signer"),
-        data_dir=str(tmp_path / "data"),
-        log_checkpoint_seconds=1,
-        log_integrate_interval_ms=50,
-        **more,  # type: ignore[arg-type]
-    )
 
 
 async def size_of(client: httpx.AsyncClient) -> int:
@@ -296,21 +281,6 @@ async def test_accepting_the_loss_is_recorded_and_unblocks(
         await drop_database(pg_admin_url, snapshot)
 
 
-@contextmanager
-def process(*args: str, env: dict[str, str]) -> Iterator[dict[str, str]]:
-    proc = subprocess.Popen(
-        [str(CLI), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read() if proc.stderr else ""
-        yield json.loads(line)
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)  # waits, and closes both pipes
-
-
 async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settings, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
     key = tmp_path / "signer" / "key"
@@ -327,7 +297,7 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
         "--token-file",
         str(token),
     )
-    with process(*signer_args, "--listen-port", str(signer_port), env=env) as started:
+    with cli_process(*signer_args, "--listen-port", str(signer_port), env=env) as started:
         assert started["prefix"] == "effect-ledger.local"
         url = started["log_signer"]
         async with httpx.AsyncClient() as anonymous:  # nothing without the shared token
@@ -336,7 +306,7 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
         vkey = json.loads(cli("log-key", "--tenant", "t1", *tokened, env=env).stdout)
         assert vkey["origin"] == "effect-ledger.local/t1"
         witness_args = ("witness", "--port", str(witness_port), "--state", str(tmp_path / "witness"))
-        with process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey["vkey"], env=env) as w:
+        with cli_process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey["vkey"], env=env) as w:
             witnesses = json.dumps([{"url": w["witness"], "vkey": w["vkey"]}])
             remote = log_settings(
                 settings,
