@@ -11,6 +11,7 @@ import msgspec
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
+    "MAX_EXACT_INT",
     "CanonicalizationError",
     "canonical_json",
     "canonical_json_reference",
@@ -24,7 +25,7 @@ DEFAULT_MAX_DEPTH = 64
 
 # Integers up to 2**53 are exactly representable as IEEE-754 doubles, so printing them
 # directly gives the same text as ES6 would; beyond that ES6 would have rounded them.
-_MAX_EXACT_INT = 2**53
+MAX_EXACT_INT = 2**53
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ASTRAL = re.compile(rb"[\xf0-\xf4]")  # the lead byte of a UTF-8 character beyond U+FFFF
@@ -80,7 +81,7 @@ def _plain(value: object, depth: int, max_depth: int) -> bool:
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
-        return -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT  # type: ignore[operator]
+        return -MAX_EXACT_INT <= value <= MAX_EXACT_INT  # type: ignore[operator]
     if depth >= max_depth:
         return False
     if kind is dict:
@@ -99,7 +100,7 @@ def _plain(value: object, depth: int, max_depth: int) -> bool:
         if kind in _SCALARS:
             continue
         if kind is int:
-            if not -_MAX_EXACT_INT <= item <= _MAX_EXACT_INT:  # type: ignore[operator]
+            if not -MAX_EXACT_INT <= item <= MAX_EXACT_INT:  # type: ignore[operator]
                 return False
         elif not _plain(item, depth + 1, max_depth):
             return False
@@ -107,12 +108,13 @@ def _plain(value: object, depth: int, max_depth: int) -> bool:
 
 
 def plain_scalar(value: object) -> bool:
-    """Whether msgspec writes `value` exactly as JCS does: a str (unless it holds a lone surrogate, which
-    msgspec refuses), a bool, None, or an int of at most 2**53 in magnitude."""
+    """Whether `value` is a scalar msgspec writes exactly as JCS does: a str, a bool, None, or an int of
+    at most 2**53 in magnitude. A str holding a lone surrogate passes here; msgspec then refuses to
+    encode it, and encode_members answers None."""
     kind = type(value)
     if kind in _SCALARS:
         return True
-    return kind is int and -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT  # type: ignore[operator]
+    return kind is int and -MAX_EXACT_INT <= value <= MAX_EXACT_INT  # type: ignore[operator]
 
 
 def encode_members(members: msgspec.Struct) -> bytes | None:
@@ -122,7 +124,7 @@ def encode_members(members: msgspec.Struct) -> bytes | None:
     canonical_json of the object as a dict, which combines a pair or refuses).
 
     For the hashes of every event, receipt and leaf the receipts log recomputes: no dict built per
-    object, and no walk over members already known to be plain (tests/unit/test_canonical.py checks
+    object, and no walk over members already known to be plain (tests/unit/test_log_hashing.py checks
     the bytes against canonical_json_reference)."""
     try:
         return _ENCODE(members)
@@ -223,7 +225,7 @@ def _serialize_string(text: str) -> str:
 
 
 def _serialize_int(value: int) -> str:
-    if -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT:
+    if -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
         return str(value)
     try:
         as_float = float(value)

@@ -8,10 +8,9 @@ from typing import Any
 
 import msgspec
 
-from effect_ledger.domain.canonical import canonical_json, encode_members
+from effect_ledger.domain.canonical import MAX_EXACT_INT, canonical_json, encode_members
 
 GENESIS_HASH = "0" * 64
-_MAX_EXACT_INT = 2**53  # ints msgspec writes as JCS does (canonical.plain_scalar)
 HASHED_FIELDS = ("operation_id", "seq", "at", "kind", "actor", "from_status", "to_status", "attempt", "data")
 
 
@@ -49,8 +48,9 @@ def link_hash(
     """event_hash of an event given field by field (HASHED_FIELDS' order): the receipts log recomputes
     every chain it logs from database rows, and building each event's dict cost a third of that."""
     body = None
-    # the shapes every event has, checked inline (a call per field cost more than the encoding); any
-    # other takes the whole object's canonical_json below, which is right for every value
+    # the shapes every event has: canonical.plain_scalar's test written inline for the nine fields (a
+    # call per field cost more than the encoding); any other shape takes the whole object's
+    # canonical_json below, which is right for every value
     if (
         type(operation_id) is str
         and type(at) is str
@@ -60,8 +60,8 @@ def link_hash(
         and (from_status is None or type(from_status) is str)
         and type(seq) is int
         and type(attempt) is int
-        and -_MAX_EXACT_INT <= seq <= _MAX_EXACT_INT
-        and -_MAX_EXACT_INT <= attempt <= _MAX_EXACT_INT
+        and -MAX_EXACT_INT <= seq <= MAX_EXACT_INT
+        and -MAX_EXACT_INT <= attempt <= MAX_EXACT_INT
     ):
         raw = msgspec.Raw(canonical_json(data))
         body = encode_members(
