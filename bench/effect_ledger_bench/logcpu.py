@@ -10,7 +10,7 @@ committed, and measured: the integrator's passes (`integrate`, `--batch` receipt
 up), then one checkpointer pass (`checkpoint`, the in-process signer; it also audits the warm-up's
 entries, as every checkpoint audits up to AUDIT_BUNDLES bundles of the signed log). Printed per round
 and as medians: Python CPU per receipt (`time.process_time` of this process, which does nothing else
-meanwhile) and the backend's CPU per receipt (utime + stime of /proc/<pg_backend_pid()>/stat, so only
+meanwhile) and the backend's CPU per receipt (procs.tree_cpu_seconds of pg_backend_pid(), so only
 on a server of this machine), for integrating and checkpointing apart, and the load average.
 
 CPU time is steadier than wall time on a shared machine, not steady: compare the medians of several
@@ -41,10 +41,10 @@ from effect_ledger.signer import signer_from_settings
 from effect_ledger_bench.catalogue import sql
 from effect_ledger_bench.database import Cluster
 from effect_ledger_bench.inprocess import Driver, Lifespan, cycles
+from effect_ledger_bench.procs import tree_cpu_seconds  # a backend has no children: its own CPU
 from effect_ledger_bench.workload import PRINCIPAL, SCOPE, TENANT
 
 CONCURRENCY = 16  # executors committing, as the bench's load: their events interleave in the tables
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,6 @@ class Round:
         )
 
 
-def backend_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process of this machine (a PostgreSQL backend), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), after pid and comm
-
-
 async def commit(settings: Settings, secret: str, count: int, prefix: str) -> None:
     """`count` receipts of TENANT committed through the app in process (the log off)."""
     from effect_ledger.http.app import create_app
@@ -91,13 +85,13 @@ async def log_all(
     """Integrate until caught up, then one checkpoint: (Python s, backend s) of each, the signed size."""
     pid = int((await conn.fetchrow(sql("bench_server")))["backend_pid"])
     signer = signer_from_settings(settings)
-    py, pg = time.process_time(), backend_cpu_seconds(pid)
+    py, pg = time.process_time(), tree_cpu_seconds(pid)
     while await receipt_log.integrate(conn, settings.log_batch_size, guard) == "full":
         pass
-    integrate_py, integrate_pg = time.process_time() - py, backend_cpu_seconds(pid) - pg
-    py, pg = time.process_time(), backend_cpu_seconds(pid)
+    integrate_py, integrate_pg = time.process_time() - py, tree_cpu_seconds(pid) - pg
+    py, pg = time.process_time(), tree_cpu_seconds(pid)
     signed = await receipt_log.checkpoint(conn, signer, config, guard)
-    checkpoint_py, checkpoint_pg = time.process_time() - py, backend_cpu_seconds(pid) - pg
+    checkpoint_py, checkpoint_pg = time.process_time() - py, tree_cpu_seconds(pid) - pg
     if guard.tainted or len(signed) != 1:
         raise RuntimeError(f"the checkpoint was refused: {guard.tainted}, signed {signed}")
     return integrate_py, integrate_pg, checkpoint_py, checkpoint_pg, signed[0][1]

@@ -651,16 +651,16 @@ class Bench:
                 f"{service.pg_ms():.2f} / {unbatched.pg_ms():.2f} ms per cycle",
                 "batching-off",
             )
-        log_on_rows = [x for k in LOG_ON_ROWS if (x := self.layers.get(k)) and x.rate]
+        on_rows = [x for k in LOG_ON_ROWS if (x := self.layers.get(k))] or ([service] if service else [])
         log_off_rows = [x for k in LOG_OFF_ROWS if (x := self.layers.get(k))]
-        if service and log_off_rows:
+        if on_rows and log_off_rows:
             # off, on, on, off (ABBA): the two rows of each kind sit symmetrically in time, so a sitting
             # that speeds up or slows down steadily, and the tables' growth from row to row, weigh on
             # both means alike instead of counting as the log's cost or gain (until round 15: on, off,
-            # on again, with the main service row as the first "on", four rows before the "off" one)
-            on_rows = log_on_rows or [service]
+            # on again, with the main service row as the first "on", four rows before the "off" one).
+            # An "on" row without cycles counts as 0 (the log stopped the service: MISS); an "off" row
+            # without cycles leaves nothing to compare with (ratio_row: not measured).
             on = sum(x.rate for x in on_rows) / len(on_rows)
-            # an "off" row that finished no cycle makes the ratio unmeasured (ratio_row says so)
             rates = [x.rate for x in log_off_rows]
             off = sum(rates) / len(rates) if all(rates) else 0.0
             ratio_row(

@@ -65,6 +65,12 @@ def test_the_log_ratio_is_missed_when_its_on_rows_are_more_than_five_percent_slo
     assert ratio_rows(bench)["receipts log: service on / off, cycles/s"] == ("0.94", ">= 0.95: MISS")
 
 
+def test_a_log_on_row_without_cycles_counts_as_zero_not_as_missing() -> None:
+    # the log stopped the service in one "on" row: (0 + 600) / 2 against (620 + 610) / 2, not 600 / 615
+    bench = bench_with(dict(zip(LAYERS, (1000, 600, 300, 620, 0, 600, 610), strict=True)), load=0.1)
+    assert ratio_rows(bench)["receipts log: service on / off, cycles/s"] == ("0.49", ">= 0.95: MISS")
+
+
 def test_busy_machine_withholds_every_ratio_with_the_reason() -> None:
     bench = bench_with(dict(zip(LAYERS, (1000, 600, 0, 620, 580, 580, 620), strict=True)), load=6.77)
     rows = ratio_rows(bench)
