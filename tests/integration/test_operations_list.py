@@ -84,6 +84,8 @@ async def test_filters_report_the_effective_status(client: httpx.AsyncClient, db
     expired = r.json()["items"][0]
     assert expired["status"] == "unknown" and expired["lease_expired"] is True
     assert set(expired) == set(r.json()["items"][1])
+    # every read's view carries log_index (API.md 14), null for what is not a logged receipt
+    assert [item["log_index"] for item in r.json()["items"]] == [None, None]
 
     async with owner(db_url) as conn:
         await conn.execute(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -168,16 +169,11 @@ SEEDED = {
 
 
 @pytest.fixture
-def unlimited(settings: Settings) -> Settings:
-    """The race's settings: its 800 claims of one principal come faster than the default rate limit
-    (burst 400, 200/s) on a fast machine, and a 429 is not what this test is about (test_rate_limits.py)."""
-    return replace(settings, rate_limit_per_second=0)
-
-
-@pytest.fixture
-async def unlimited_client(unlimited: Settings) -> Any:
-    """A client of a service with the rate limit off."""
-    async with Service(unlimited) as running, running.client() as http:
+async def unlimited_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a service with the rate limit off: the race's 800 claims of one principal come faster
+    than the default limit (burst 400, 200/s) on a fast machine, and a 429 is not what it is about
+    (test_rate_limits.py is)."""
+    async with Service(replace(settings, rate_limit_per_second=0)) as running, running.client() as http:
         yield http
 
 
@@ -185,7 +181,6 @@ async def unlimited_client(unlimited: Settings) -> Any:
 async def test_a_claim_racing_the_purge_never_executes_twice(
     unlimited_client: httpx.AsyncClient, db_url: str, settings: Settings
 ) -> None:
-    client = unlimited_client
     recent = datetime.now(UTC) - timedelta(hours=1)
     async with owner(db_url) as conn:
         await seed(
@@ -202,7 +197,7 @@ async def test_a_claim_racing_the_purge_never_executes_twice(
             await backdate(db_url, 31, *pair)
 
             async def claim_seeded(op: str) -> httpx.Response:
-                return await client.post(f"/v1/operations/{op}/claim", json=SEEDED, headers=auth())
+                return await unlimited_client.post(f"/v1/operations/{op}/claim", json=SEEDED, headers=auth())
 
             purged, *claims = await asyncio.gather(
                 purge_ledger_batch(purger, settings.retention_days, 10),
