@@ -6,7 +6,8 @@ the PostgreSQL backend serving them.
 Each round, on a fresh database (embedded, or EFFECT_LEDGER_DATABASE_URL's server): `--warmup` receipts
 are committed through the app in process (inprocess.cycles, 16 executors, the log off), integrated and
 signed (the connection's statements prepared, the signer's key made); then `--receipts` more are
-committed, and measured: the integrator's passes (`integrate`, `--batch` receipts a pass, until caught
+committed, and measured: their feed positions handed out (`sequence`, the first step of an integrator's
+pass, here apart), the integrator's passes (`integrate`, `--batch` receipts a pass, until caught
 up), then one checkpointer pass (`checkpoint`, the in-process signer; it also audits the warm-up's
 entries, as every checkpoint audits up to AUDIT_BUNDLES bundles of the signed log). Printed per round
 and as medians: Python CPU per receipt (`time.process_time` of this process, which does nothing else
@@ -35,6 +36,7 @@ import asyncpg
 
 from effect_ledger.db import receipt_log
 from effect_ledger.db.maintenance import owner_connection
+from effect_ledger.db.receipt_log import FEED_BATCH
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings
 from effect_ledger.signer import signer_from_settings
@@ -51,6 +53,8 @@ CONCURRENCY = 16  # executors committing, as the bench's load: their events inte
 class Round:
     """One round's figures, microseconds of CPU per receipt."""
 
+    sequence_py: float
+    sequence_pg: float
     integrate_py: float
     integrate_pg: float
     checkpoint_py: float
@@ -60,7 +64,8 @@ class Round:
     def line(self, n: int) -> str:
         """The printed line of round n."""
         return (
-            f"round {n}: integrate {self.integrate_py:.1f} us Python + {self.integrate_pg:.1f} us PostgreSQL"
+            f"round {n}: sequence {self.sequence_py:.1f} us Python + {self.sequence_pg:.1f} us PostgreSQL;"
+            f" integrate {self.integrate_py:.1f} us Python + {self.integrate_pg:.1f} us PostgreSQL"
             f" per receipt; checkpoint {self.checkpoint_py:.1f} us Python + {self.checkpoint_pg:.1f} us"
             f" PostgreSQL per receipt; load average {self.load:.2f}"
         )
@@ -79,12 +84,27 @@ async def commit(settings: Settings, secret: str, count: int, prefix: str) -> No
         raise RuntimeError(f"not every cycle committed: {statuses}")
 
 
+async def sequence(conn: asyncpg.Connection) -> None:
+    """Feed positions for every receipt of TENANT that has none, FEED_BATCH a transaction (what the
+    integrator's pass does first, before it reads the batch to log)."""
+    while True:
+        async with conn.transaction():
+            await conn.fetchrow(sql("tenant_context"), TENANT)
+            last = await conn.fetchval(sql("feed_lock"), TENANT)
+            if await conn.fetchval(sql("feed_assign"), TENANT, last, FEED_BATCH) < FEED_BATCH:
+                return
+
+
 async def log_all(
     conn: asyncpg.Connection, settings: Settings, config: receipt_log.LogConfig, guard: receipt_log.LogGuard
-) -> tuple[float, float, float, float, int]:
-    """Integrate until caught up, then one checkpoint: (Python s, backend s) of each, the signed size."""
+) -> tuple[float, float, float, float, float, float, int]:
+    """Sequence, integrate until caught up, then one checkpoint: (Python s, backend s) of each, then the
+    signed size."""
     pid = int((await conn.fetchrow(sql("bench_server")))["backend_pid"])
     signer = signer_from_settings(settings)
+    py, pg = time.process_time(), tree_cpu_seconds(pid)
+    await sequence(conn)
+    sequence_py, sequence_pg = time.process_time() - py, tree_cpu_seconds(pid) - pg
     py, pg = time.process_time(), tree_cpu_seconds(pid)
     while await receipt_log.integrate(conn, settings.log_batch_size, guard) == "full":
         pass
@@ -94,7 +114,7 @@ async def log_all(
     checkpoint_py, checkpoint_pg = time.process_time() - py, tree_cpu_seconds(pid) - pg
     if guard.tainted or len(signed) != 1:
         raise RuntimeError(f"the checkpoint was refused: {guard.tainted}, signed {signed}")
-    return integrate_py, integrate_pg, checkpoint_py, checkpoint_pg, signed[0][1]
+    return sequence_py, sequence_pg, integrate_py, integrate_pg, checkpoint_py, checkpoint_pg, signed[0][1]
 
 
 async def one_round(cluster: Cluster, n: int, receipts: int, warmup: int, batch: int, workdir: Path) -> Round:
@@ -117,13 +137,14 @@ async def one_round(cluster: Cluster, n: int, receipts: int, warmup: int, batch:
         await log_all(conn, settings, config, guard)
         await commit(settings, secret, receipts, f"lc{n}")
         load = os.getloadavg()[0]
-        ipy, ipg, cpy, cpg, size = await log_all(conn, settings, config, guard)
+        spy, spg, ipy, ipg, cpy, cpg, size = await log_all(conn, settings, config, guard)
     finally:
         await conn.close()
     if size != warmup + receipts:
         raise RuntimeError(f"signed {size} receipts, expected {warmup + receipts}")
     per = 1e6 / receipts
-    return Round(ipy * per, ipg * per, cpy * per, cpg * per, max(load, os.getloadavg()[0]))
+    cpu = (spy * per, spg * per, ipy * per, ipg * per, cpy * per, cpg * per)
+    return Round(*cpu, max(load, os.getloadavg()[0]))
 
 
 async def main(receipts: int, rounds: int, warmup: int, batch: int) -> None:
