@@ -398,7 +398,6 @@ CREATE TABLE ledger.operations (
     resolved_by text,
     chain_seq ledger.chain_seq DEFAULT 0 NOT NULL,
     chain_hash text DEFAULT repeat('0'::text, 64) NOT NULL,
-    feed_position ledger.feed_position,
     purged_at timestamp with time zone,
     purged_seq ledger.chain_seq,
     purged_hash text,
@@ -722,6 +721,11 @@ BEGIN
         chain_seq = seq, chain_hash = digest
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     RETURNING * INTO op;
+    -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the
+    -- sequencer moves to ledger.feed, so the operation's row is not written again for it.
+    IF outcome = 'committed' THEN
+        INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id) VALUES (tenant, now, operation_id);
+    END IF;
     incident_ref := incident_id;
     IF incident_id IS NOT NULL THEN
         INSERT INTO diagnostics.incidents (
@@ -935,6 +939,11 @@ BEGIN
         chain_seq = seq, chain_hash = e ->> 'hash'
     WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
     RETURNING * INTO op;
+    -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the
+    -- sequencer moves to ledger.feed, so the operation's row is not written again for it.
+    IF outcome = 'committed' THEN
+        INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id) VALUES (tenant, now, operation_id);
+    END IF;
 END
 $$;
 
@@ -1208,6 +1217,14 @@ CREATE TABLE ledger.events (
 
 ALTER TABLE ONLY ledger.events FORCE ROW LEVEL SECURITY;
 
+CREATE TABLE ledger.feed (
+    tenant_id text NOT NULL,
+    feed_position ledger.feed_position NOT NULL,
+    operation_id text NOT NULL
+);
+
+ALTER TABLE ONLY ledger.feed FORCE ROW LEVEL SECURITY;
+
 CREATE TABLE ledger.feed_counters (
     tenant_id text NOT NULL,
     last_position bigint NOT NULL,
@@ -1215,6 +1232,14 @@ CREATE TABLE ledger.feed_counters (
 );
 
 ALTER TABLE ONLY ledger.feed_counters FORCE ROW LEVEL SECURITY;
+
+CREATE TABLE ledger.feed_pending (
+    tenant_id text NOT NULL,
+    resolved_at timestamp with time zone NOT NULL,
+    operation_id text NOT NULL
+);
+
+ALTER TABLE ONLY ledger.feed_pending FORCE ROW LEVEL SECURITY;
 
 CREATE TABLE ledger.log_checkpoints (
     tenant_id text NOT NULL,
@@ -1298,6 +1323,12 @@ ALTER TABLE ONLY ledger.events
 ALTER TABLE ONLY ledger.feed_counters
     ADD CONSTRAINT feed_counters_pkey PRIMARY KEY (tenant_id);
 
+ALTER TABLE ONLY ledger.feed_pending
+    ADD CONSTRAINT feed_pending_pkey PRIMARY KEY (tenant_id, resolved_at, operation_id);
+
+ALTER TABLE ONLY ledger.feed
+    ADD CONSTRAINT feed_pkey PRIMARY KEY (tenant_id, feed_position);
+
 ALTER TABLE ONLY ledger.log_checkpoints
     ADD CONSTRAINT log_checkpoints_pkey PRIMARY KEY (tenant_id, size);
 
@@ -1329,17 +1360,15 @@ CREATE UNIQUE INDEX approvals_live_binding ON ledger.approvals USING btree (tena
 
 CREATE INDEX approvals_stored_intent ON ledger.approvals USING btree (expires_at) WHERE (intent IS NOT NULL);
 
-CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id) WHERE (((status)::text = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])) AND (created_at IS NOT NULL));
+CREATE UNIQUE INDEX feed_operation ON ledger.feed USING btree (tenant_id, operation_id);
 
-CREATE UNIQUE INDEX operations_feed ON ledger.operations USING btree (tenant_id, feed_position) WHERE (((status)::text = 'committed'::text) AND (feed_position IS NOT NULL));
+CREATE INDEX operations_by_status ON ledger.operations USING btree (tenant_id, status, created_at, operation_id) WHERE (((status)::text = ANY (ARRAY['pending'::text, 'submitted'::text, 'committed'::text, 'not_applied'::text, 'unknown'::text])) AND (created_at IS NOT NULL));
 
 CREATE INDEX operations_purgeable ON ledger.operations USING btree (updated_at) WHERE (((status)::text = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND ((receipt IS NOT NULL) OR (not_applied_reason IS NOT NULL)));
 
 CREATE INDEX operations_submitted_lease ON ledger.operations USING btree (lease_expires_at) WHERE ((status)::text = 'submitted'::text);
 
 CREATE INDEX operations_tombstones ON ledger.operations USING btree (updated_at) WHERE (((status)::text = ANY (ARRAY['committed'::text, 'not_applied'::text])) AND (receipt IS NULL) AND (not_applied_reason IS NULL));
-
-CREATE INDEX operations_unpositioned ON ledger.operations USING btree (tenant_id, resolved_at, operation_id) WHERE (((status)::text = 'committed'::text) AND (feed_position IS NULL));
 
 CREATE TRIGGER approval_events_append_only BEFORE DELETE OR UPDATE ON ledger.approval_events FOR EACH ROW EXECUTE FUNCTION ledger.refuse_event_change();
 
@@ -1394,7 +1423,11 @@ ALTER TABLE ledger.approvals ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE ledger.events ENABLE ROW LEVEL SECURITY;
 
+ALTER TABLE ledger.feed ENABLE ROW LEVEL SECURITY;
+
 ALTER TABLE ledger.feed_counters ENABLE ROW LEVEL SECURITY;
+
+ALTER TABLE ledger.feed_pending ENABLE ROW LEVEL SECURITY;
 
 ALTER TABLE ledger.log_checkpoints ENABLE ROW LEVEL SECURITY;
 
@@ -1410,7 +1443,11 @@ CREATE POLICY maintenance ON ledger.approvals TO postgres USING ((current_settin
 
 CREATE POLICY maintenance ON ledger.events TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
+CREATE POLICY maintenance ON ledger.feed TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
 CREATE POLICY maintenance ON ledger.feed_counters TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
+
+CREATE POLICY maintenance ON ledger.feed_pending TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
 CREATE POLICY maintenance ON ledger.log_checkpoints TO postgres USING ((current_setting('effect_ledger.maintenance'::text, true) = 'on'::text));
 
@@ -1430,7 +1467,11 @@ CREATE POLICY tenant_isolation ON ledger.approvals USING ((tenant_id = current_s
 
 CREATE POLICY tenant_isolation ON ledger.events USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
+CREATE POLICY tenant_isolation ON ledger.feed USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
 CREATE POLICY tenant_isolation ON ledger.feed_counters USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
+
+CREATE POLICY tenant_isolation ON ledger.feed_pending USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
 CREATE POLICY tenant_isolation ON ledger.log_checkpoints USING ((tenant_id = current_setting('effect_ledger.tenant'::text, true))) WITH CHECK ((tenant_id = current_setting('effect_ledger.tenant'::text, true)));
 
@@ -1479,7 +1520,11 @@ GRANT SELECT,INSERT ON TABLE ledger.approval_events TO effect_ledger_runtime;
 
 GRANT SELECT,INSERT ON TABLE ledger.events TO effect_ledger_runtime;
 
+GRANT SELECT,INSERT ON TABLE ledger.feed TO effect_ledger_runtime;
+
 GRANT SELECT,INSERT,UPDATE ON TABLE ledger.feed_counters TO effect_ledger_runtime;
+
+GRANT SELECT,INSERT,DELETE ON TABLE ledger.feed_pending TO effect_ledger_runtime;
 
 GRANT SELECT ON TABLE ledger.log_checkpoints TO effect_ledger_runtime;
 

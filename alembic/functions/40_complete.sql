@@ -142,6 +142,11 @@ BEGIN
         chain_seq = seq, chain_hash = digest
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     RETURNING * INTO op;
+    -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the
+    -- sequencer moves to ledger.feed, so the operation's row is not written again for it.
+    IF outcome = 'committed' THEN
+        INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id) VALUES (tenant, now, operation_id);
+    END IF;
     incident_ref := incident_id;
     IF incident_id IS NOT NULL THEN
         INSERT INTO diagnostics.incidents (

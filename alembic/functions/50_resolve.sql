@@ -94,5 +94,10 @@ BEGIN
         chain_seq = seq, chain_hash = e ->> 'hash'
     WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
     RETURNING * INTO op;
+    -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the
+    -- sequencer moves to ledger.feed, so the operation's row is not written again for it.
+    IF outcome = 'committed' THEN
+        INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id) VALUES (tenant, now, operation_id);
+    END IF;
 END
 $$;

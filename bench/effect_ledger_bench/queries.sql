@@ -195,5 +195,7 @@ SELECT count(*) FROM ledger.operations WHERE tenant_id = $1 AND status = 'commit
 -- name: bench_commit_times
 -- The feed position (NULL: not yet positioned) and commit time of tenant $1's receipts committed at or
 -- after $2 (the first sample's clock), read once the load stopped.
-SELECT feed_position, resolved_at FROM ledger.operations
-WHERE tenant_id = $1 AND status = 'committed' AND resolved_at >= $2;
+SELECT f.feed_position AS feed_position, o.resolved_at
+FROM ledger.operations AS o
+LEFT JOIN ledger.feed AS f ON f.tenant_id = o.tenant_id AND f.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.resolved_at >= $2;

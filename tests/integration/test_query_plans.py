@@ -44,18 +44,19 @@ CASES: list[tuple[str, tuple[Any, ...], str]] = [
         ("t3", MIDDLE, "op-00500", "measure", None, NOW, 101),
         "operations_by_status",
     ),
-    ("list_receipts", ("t3", 0, START - timedelta(days=1), NOW, None, None, 101), "operations_feed"),
+    ("list_receipts", ("t3", 0, START - timedelta(days=1), NOW, None, None, 101), "feed_pkey"),
     (
         "list_receipts",
         ("t3", 80, START, MIDDLE + timedelta(hours=1), "measure", "exec-1", 101),
-        "operations_feed",
+        "feed_pkey",
     ),
-    # the sequencer finds the committed rows still without a position through their own small index
-    ("feed_assign", ("t3", 10**6, 1000), "operations_unpositioned"),
+    # the sequencer takes the commits still without a position in resolution order from their own table
+    ("feed_assign", ("t3", 10**6, 1000), "feed_pending_pkey"),
     # a few hundred rows per tenant: any index will do (the planner may sort 300 rows), never a Seq Scan
     ("list_access_log", ("t3", START - timedelta(days=1), "", START - timedelta(days=1), 101), ""),
 ]
-SCANNED = {"operations", "access_log"}
+SCANNED = {"operations", "access_log", "feed", "feed_pending"}
+POSITIONED = 900  # a tenant's committed operations created before this one have their feed positions
 
 
 def literal(value: Any) -> str:
@@ -116,23 +117,26 @@ async def populated(module_db_url: str) -> str:
                 for i in range(300)
             ],
         )
-        # what the feed's sequencer would have handed out: positions in resolution order per tenant
+        # what the feed's sequencer would have handed out: positions in resolution order per tenant to
+        # the commits of the first POSITIONED seconds; the later ones still wait for theirs
+        cutoff = START + timedelta(seconds=POSITIONED)
         await conn.execute(
-            "UPDATE ledger.operations AS o SET feed_position = n.position FROM ("
-            " SELECT tenant_id, operation_id, row_number() OVER (PARTITION BY tenant_id"
-            " ORDER BY resolved_at, operation_id) AS position FROM ledger.operations"
-            " WHERE status = 'committed') AS n"
-            " WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id"
+            "INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)"
+            " SELECT tenant_id, row_number() OVER (PARTITION BY tenant_id ORDER BY resolved_at, operation_id),"
+            " operation_id FROM ledger.operations WHERE status = 'committed' AND created_at < $1",
+            cutoff,
         )
-        # the UPDATE moved the committed rows in hash-join order; the sequencer stamps them in position
-        # order, so put them back in creation order as the live table would hold them (the seed's IDs
-        # follow its creation times)
-        await conn.execute("CLUSTER ledger.operations USING operations_pkey")
         await conn.execute(
-            "INSERT INTO ledger.feed_counters SELECT tenant_id, max(feed_position) FROM ledger.operations"
-            " WHERE status = 'committed' GROUP BY tenant_id"
+            "INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id)"
+            " SELECT tenant_id, resolved_at, operation_id FROM ledger.operations"
+            " WHERE status = 'committed' AND created_at >= $1",
+            cutoff,
         )
-        await conn.execute("ANALYZE ledger.operations")
+        await conn.execute(
+            "INSERT INTO ledger.feed_counters SELECT tenant_id, max(feed_position) FROM ledger.feed GROUP BY tenant_id"
+        )
+        for table in ("ledger.operations", "ledger.feed", "ledger.feed_pending"):
+            await conn.execute(f"ANALYZE {table}")
         await conn.execute("ANALYZE diagnostics.access_log")
     return db_url
 

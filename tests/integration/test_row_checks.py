@@ -29,13 +29,12 @@ REFUSED = {
     "attempt 0": "UPDATE ledger.operations SET attempt = 0",
     "chain_seq -1": "UPDATE ledger.operations SET chain_seq = -1",
     "purged_seq -1": "UPDATE ledger.operations SET purged_seq = -1, purged_hash = repeat('0', 64)",
-    "feed_position 0": "UPDATE ledger.operations SET feed_position = 0",
     "lease_seconds 0": "UPDATE ledger.operations SET lease_seconds = 0",
     "lease_seconds 3601": "UPDATE ledger.operations SET lease_seconds = 3601",
     "status not a state": "UPDATE ledger.operations SET status = 'done'",
 }
 ACCEPTED = {
-    "boundaries": "UPDATE ledger.operations SET attempt = 1, chain_seq = 0, feed_position = 1, lease_seconds = 3600",
+    "boundaries": "UPDATE ledger.operations SET attempt = 1, chain_seq = 0, lease_seconds = 3600",
     "lease_seconds 1": "UPDATE ledger.operations SET lease_seconds = 1",
     "a committed tombstone keeps its digest": "UPDATE ledger.operations SET receipt = NULL,"
     " receipt_digest = 'sha256:' || repeat('0', 64), purged_seq = 2, purged_hash = repeat('0', 64)",
@@ -76,6 +75,16 @@ async def test_an_event_seq_below_one_is_refused(client: httpx.AsyncClient, db_u
                 " prev_hash, hash) VALUES ('t1', 'ok-1', 0, now(), 'claimed', 'x', 1, '{}',"
                 " repeat('0', 64), repeat('0', 64))"
             )
+
+
+async def test_a_feed_position_below_one_is_refused(client: httpx.AsyncClient, db_url: str) -> None:
+    """Feed positions (ledger.feed since migration 0019) keep the domain ledger.feed_position (>= 1)."""
+    await committed(client, "ok-1")
+    place = "INSERT INTO ledger.feed (tenant_id, feed_position, operation_id) VALUES ('t1', $1, 'ok-1')"
+    async with owner(db_url) as conn:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(place, 0)
+        assert await conn.execute(place, 1) == "INSERT 0 1"
 
 
 # Before migration 0016 these were table checks (operations_outcome_record) and a foreign key

@@ -92,11 +92,14 @@ FROM ledger.sweep($1, $2) AS c;
 
 -- name: read_operation
 -- One operation, with the head of its event chain (kept on the row) and the database clock; no lock.
--- log_index: its leaf in the tenant's receipts log once a signed checkpoint covers it (API.md 14).
+-- log_index: its leaf in the tenant's receipts log once a signed checkpoint covers it (API.md 14):
+-- its feed position (ledger.feed, migration 0019) minus one, probed for a committed row only.
 SELECT o.*, clock_timestamp() AS db_now,
-       CASE WHEN o.status = 'committed' AND o.feed_position <= (
-           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
-       THEN o.feed_position - 1 END AS log_index
+       CASE WHEN o.status = 'committed' THEN (
+           SELECT f.feed_position - 1 FROM ledger.feed AS f
+           WHERE f.tenant_id = $1 AND f.operation_id = o.operation_id AND f.feed_position <= (
+               SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1))
+       END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
@@ -190,10 +193,13 @@ SELECT host(inet_server_addr()) AS address, inet_server_port() AS port,
 -- Reconciler list without a status filter: one page of the tenant's operations in creation order,
 -- one ordered branch of operations_by_status per status merged (Merge Append: no sort of the set).
 -- There is no index by creation alone (0013: it took the write path's lookups from the primary key).
--- log_index as read_operation has it (every read's view carries it, API.md 14): one InitPlan a page.
-SELECT page.*, CASE WHEN page.status = 'committed' AND page.feed_position <= (
-           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
-       THEN page.feed_position - 1 END AS log_index
+-- log_index as read_operation has it (every read's view carries it, API.md 14): one InitPlan a page
+-- for the log's size, and a probe of ledger.feed per committed row of the page (after the LIMIT).
+SELECT page.*, CASE WHEN page.status = 'committed' THEN (
+           SELECT f.feed_position - 1 FROM ledger.feed AS f
+           WHERE f.tenant_id = $1 AND f.operation_id = page.operation_id AND f.feed_position <= (
+               SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1))
+       END AS log_index
 FROM (
     (SELECT o.*, $6::timestamptz AS db_now
      FROM ledger.operations AS o
@@ -246,9 +252,11 @@ LIMIT $7;
 -- name: list_operations_by_status
 -- Reconciler list of one stored status; `submitted` means live leases only (an expired one is unknown).
 SELECT o.*, $6::timestamptz AS db_now,
-       CASE WHEN o.status = 'committed' AND o.feed_position <= (
-           SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
-       THEN o.feed_position - 1 END AS log_index
+       CASE WHEN o.status = 'committed' THEN (
+           SELECT f.feed_position - 1 FROM ledger.feed AS f
+           WHERE f.tenant_id = $1 AND f.operation_id = o.operation_id AND f.feed_position <= (
+               SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1))
+       END AS log_index
 FROM ledger.operations AS o
 WHERE o.tenant_id = $1 AND o.status = $8
   AND o.status IN ('pending', 'submitted', 'committed', 'not_applied', 'unknown')  -- operations_by_status's predicate (with the created_at bound)
@@ -286,21 +294,29 @@ ORDER BY created_at, operation_id
 LIMIT $7;
 
 -- name: list_receipts
--- Receipts feed: committed operations in feed position order after $2, over operations_feed.
--- since/until filter by resolution time; a tombstone keeps its position but has no receipt to show.
+-- Receipts feed: committed operations in feed position order after $2: ledger.feed's primary key in
+-- order, each position's operation by its primary key (the OFFSET 0 keeps the LATERAL a parameterised
+-- probe: a join the planner may turn into a hash of the tenant's operations and a sort, when its
+-- statistics call the tenant small). since/until filter by resolution time; a tombstone keeps its
+-- position but has no receipt to show.
 -- log_index: the receipt's leaf once a signed checkpoint covers its position (API.md 14), so an
 -- auditor following the feed maps each receipt to its leaf; the log's size read once a page.
-SELECT o.*, clock_timestamp() AS db_now,
-       CASE WHEN o.feed_position <= (
+SELECT o.*, clock_timestamp() AS db_now, f.feed_position,
+       CASE WHEN f.feed_position <= (
            SELECT max(c.size) FROM ledger.log_checkpoints AS c WHERE c.tenant_id = $1)
-       THEN o.feed_position - 1 END AS log_index
-FROM ledger.operations AS o
-WHERE o.tenant_id = $1 AND o.feed_position > $2
-  AND o.status = 'committed' AND o.receipt IS NOT NULL
-  AND o.resolved_at >= $3 AND o.resolved_at < $4
-  AND ($5::text IS NULL OR o.tool = $5)
-  AND ($6::text IS NULL OR o.principal = $6)
-ORDER BY o.feed_position
+       THEN f.feed_position - 1 END AS log_index
+FROM ledger.feed AS f
+CROSS JOIN LATERAL (
+    SELECT o.* FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id
+      AND o.status = 'committed' AND o.receipt IS NOT NULL
+      AND o.resolved_at >= $3 AND o.resolved_at < $4
+      AND ($5::text IS NULL OR o.tool = $5)
+      AND ($6::text IS NULL OR o.principal = $6)
+    OFFSET 0
+) AS o
+WHERE f.tenant_id = $1 AND f.feed_position > $2
+ORDER BY f.feed_position
 LIMIT $7;
 
 -- name: feed_lock
@@ -312,27 +328,33 @@ ON CONFLICT (tenant_id) DO UPDATE SET last_position = ledger.feed_counters.last_
 RETURNING last_position;
 
 -- name: feed_assign
--- Give the next positions after $2 to up to $3 committed operations that have none, in resolution
--- order, and move the counter; runs after feed_lock in the same transaction. Its snapshot is taken
--- after the lock was granted, so it sees every position an earlier sequencer committed, and it
--- positions only rows whose commit it can see: a position is never handed out below one already
--- visible. Answers how many rows got a position.
+-- Give the next positions after $2 to up to $3 committed operations waiting in ledger.feed_pending,
+-- in resolution order: their pending rows deleted, their positions inserted in ledger.feed (the
+-- operation's row is not written: migration 0019), the counter moved; runs after feed_lock in the same
+-- transaction. Its snapshot is taken after the lock was granted, so it sees every position an earlier
+-- sequencer committed, and it positions only commits it can see: a position is never handed out below
+-- one already visible. Answers how many operations got a position.
 WITH batch AS (
-    SELECT o.operation_id, $2::bigint + row_number() OVER (ORDER BY o.resolved_at, o.operation_id) AS position
-    FROM ledger.operations AS o
-    WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position IS NULL
-    ORDER BY o.resolved_at, o.operation_id
+    SELECT p.resolved_at, p.operation_id,
+           $2::bigint + row_number() OVER (ORDER BY p.resolved_at, p.operation_id) AS feed_position
+    FROM ledger.feed_pending AS p
+    WHERE p.tenant_id = $1
+    ORDER BY p.resolved_at, p.operation_id
     LIMIT $3
-), stamped AS (
-    UPDATE ledger.operations AS o SET feed_position = b.position
-    FROM batch AS b
-    WHERE o.tenant_id = $1 AND o.operation_id = b.operation_id AND o.feed_position IS NULL
-    RETURNING b.position
+), taken AS (
+    DELETE FROM ledger.feed_pending AS p
+    USING batch AS b
+    WHERE p.tenant_id = $1 AND p.resolved_at = b.resolved_at AND p.operation_id = b.operation_id
+    RETURNING b.operation_id, b.feed_position
+), placed AS (
+    INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)
+    SELECT $1, t.feed_position, t.operation_id FROM taken AS t
+    RETURNING feed_position
 )
 UPDATE ledger.feed_counters AS c
-SET last_position = GREATEST(c.last_position, (SELECT COALESCE(max(position), 0) FROM stamped))
+SET last_position = GREATEST(c.last_position, (SELECT COALESCE(max(feed_position), 0) FROM placed))
 WHERE c.tenant_id = $1
-RETURNING (SELECT count(*) FROM stamped) AS assigned;
+RETURNING (SELECT count(*) FROM placed) AS assigned;
 
 -- name: operation_chain
 -- One operation's row status, attempt and chain head beside each of its events in seq order, for
@@ -475,7 +497,10 @@ WHERE o.tenant_id = $1 AND o.operation_id = d.operation_id;
 
 -- name: purge_operations
 -- Delete one tenant's given operations (expired tombstones locked by lock_expired_tombstones in this
--- transaction): the ID is gone.
+-- transaction): the ID is gone, and its feed position with it (the log keeps its leaf).
+WITH unpositioned AS (
+    DELETE FROM ledger.feed WHERE tenant_id = $1 AND operation_id = ANY($2::text[])
+)
 DELETE FROM ledger.operations
 WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
 
@@ -628,11 +653,10 @@ WHERE tenant_id = $1 AND session_id IN (
 -- integrator and checkpointer run as the owner, off the executor path; the runtime role only reads.
 
 -- name: log_tenants_to_integrate
--- Tenants with committed receipts not yet in their log: unpositioned ones (partial index
--- operations_unpositioned), or positions beyond the log's size; across tenants (maintenance scope).
+-- Tenants with committed receipts not yet in their log: waiting for a position (ledger.feed_pending),
+-- or positioned beyond the log's size; across tenants (maintenance scope).
 SELECT tenant_id FROM (
-    SELECT DISTINCT o.tenant_id FROM ledger.operations AS o
-    WHERE o.status = 'committed' AND o.feed_position IS NULL
+    SELECT DISTINCT p.tenant_id FROM ledger.feed_pending AS p
     UNION
     SELECT c.tenant_id FROM ledger.feed_counters AS c
     LEFT JOIN ledger.log_state AS s ON s.tenant_id = c.tenant_id
@@ -651,13 +675,20 @@ ON CONFLICT (tenant_id) DO NOTHING;
 SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOCKED;
 
 -- name: log_batch
--- The next committed receipts in feed order after the log's size (index operations_feed); a
--- tombstone keeps its position and its receipt digest, so its leaf is built all the same.
-SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
-       o.receipt_digest, o.chain_hash, o.resolved_at, o.feed_position
-FROM ledger.operations AS o
-WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.feed_position > $2
-ORDER BY o.feed_position
+-- The next committed receipts in feed order after the log's size (ledger.feed's primary key, each
+-- operation probed by its own, as list_receipts); a tombstone keeps its position and its receipt
+-- digest, so its leaf is built all the same.
+SELECT o.*, f.feed_position
+FROM ledger.feed AS f
+CROSS JOIN LATERAL (
+    SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
+           o.receipt_digest, o.chain_hash, o.resolved_at
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id AND o.status = 'committed'
+    OFFSET 0
+) AS o
+WHERE f.tenant_id = $1 AND f.feed_position > $2
+ORDER BY f.feed_position
 LIMIT $3;
 
 -- name: log_tiles_get
@@ -704,9 +735,11 @@ SELECT size, root, note, cosignatures, signed_at
 FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
 
 -- name: log_position
--- A committed operation's feed position (its leaf index + 1), or no row.
-SELECT feed_position FROM ledger.operations
-WHERE tenant_id = $1 AND operation_id = $2 AND status = 'committed';
+-- A committed operation's feed position (its leaf index + 1; NULL while it waits for one), or no row.
+SELECT f.feed_position
+FROM ledger.operations AS o
+LEFT JOIN ledger.feed AS f ON f.tenant_id = o.tenant_id AND f.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.operation_id = $2 AND o.status = 'committed';
 
 -- name: log_decision_put
 -- An operator's recorded decision about a log behind the signer (log-recover).
@@ -718,16 +751,23 @@ VALUES ($1, clock_timestamp(), $2, $3, $4, $5);
 SELECT tenant_id, kind, signed_size, db_size, decided_at FROM ledger.log_decisions ORDER BY decided_at;
 
 -- name: log_restore_tombstone
--- log-recover: re-create a committed tombstone for a logged receipt the database lost; an ID that
--- exists again is left alone. Its chain starts at the logged chain head.
-INSERT INTO ledger.operations (
-    tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
-    claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
-    chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest, feed_position)
-VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8, 'log-recover',
-        0, $9, clock_timestamp(), 0, $9, $10, $11)
-ON CONFLICT (tenant_id, operation_id) DO NOTHING
-RETURNING operation_id;
+-- log-recover: re-create a committed tombstone for a logged receipt the database lost, at the feed
+-- position the signed log gave it; an ID that exists again is left alone. Its chain starts at the
+-- logged chain head.
+WITH restored AS (
+    INSERT INTO ledger.operations (
+        tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
+        claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
+        chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest)
+    VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8,
+            'log-recover', 0, $9, clock_timestamp(), 0, $9, $10)
+    ON CONFLICT (tenant_id, operation_id) DO NOTHING
+    RETURNING operation_id
+), placed AS (
+    INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)
+    SELECT $1, $11, r.operation_id FROM restored AS r
+)
+SELECT operation_id FROM restored;
 
 -- name: log_receipts_of
 -- The current receipt facts of some operations, to check new leaves against before signing. One
@@ -748,31 +788,56 @@ CROSS JOIN LATERAL (
 
 -- name: log_positioned_between
 -- Committed operations holding feed positions in ($2, $3]: log-recover compares them with the mirror.
-SELECT operation_id, feed_position FROM ledger.operations
-WHERE tenant_id = $1 AND status = 'committed' AND feed_position > $2 AND feed_position <= $3;
+SELECT f.operation_id, f.feed_position
+FROM ledger.feed AS f
+JOIN ledger.operations AS o ON o.tenant_id = f.tenant_id AND o.operation_id = f.operation_id
+WHERE f.tenant_id = $1 AND o.tenant_id = $1 AND o.status = 'committed'
+  AND f.feed_position > $2 AND f.feed_position <= $3;
 
 -- name: log_unposition
--- log-recover: free a feed position the mirror gives to another receipt (re-sequenced after it).
-UPDATE ledger.operations SET feed_position = NULL WHERE tenant_id = $1 AND operation_id = $2;
+-- log-recover: free a feed position the mirror gives to another receipt; the operation, committed,
+-- waits for a new one (re-sequenced after the recovered log).
+WITH freed AS (
+    DELETE FROM ledger.feed WHERE tenant_id = $1 AND operation_id = $2 RETURNING operation_id
+)
+INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id)
+SELECT o.tenant_id, o.resolved_at, o.operation_id
+FROM ledger.operations AS o JOIN freed ON freed.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.status = 'committed'
+ON CONFLICT DO NOTHING;
 
 -- name: log_operation_state
 -- log-recover: what the database has of an operation the mirror says was committed and logged.
-SELECT status, feed_position FROM ledger.operations WHERE tenant_id = $1 AND operation_id = $2;
+SELECT o.status, f.feed_position
+FROM ledger.operations AS o
+LEFT JOIN ledger.feed AS f ON f.tenant_id = o.tenant_id AND f.operation_id = o.operation_id
+WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
 -- name: log_position_set
--- log-recover: put a committed operation at the feed position the signed log gave it.
-UPDATE ledger.operations SET feed_position = $3 WHERE tenant_id = $1 AND operation_id = $2;
+-- log-recover: put a committed operation at the feed position the signed log gave it (no longer
+-- waiting for one, if it was).
+WITH unqueued AS (
+    DELETE FROM ledger.feed_pending WHERE tenant_id = $1 AND operation_id = $2
+)
+INSERT INTO ledger.feed (tenant_id, feed_position, operation_id) VALUES ($1, $3, $2)
+ON CONFLICT (tenant_id, operation_id) DO UPDATE SET feed_position = EXCLUDED.feed_position;
 
 -- name: log_make_tombstone
 -- log-recover: an operation the database has as not committed, whose commit the signed log proves:
 -- it becomes the committed tombstone of that commit (its receipt digest kept), never executable again.
 -- statement_timestamp() for Citus, as log_advance.
-UPDATE ledger.operations
-SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
-    receipt_digest = $3, feed_position = $4, resolved_at = $5, resolved_by = 'log-recover',
-    updated_at = statement_timestamp(), purged_at = statement_timestamp(), purged_seq = chain_seq,
-    purged_hash = chain_hash
-WHERE tenant_id = $1 AND operation_id = $2;
+WITH made AS (
+    UPDATE ledger.operations
+    SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
+        receipt_digest = $3, resolved_at = $5, resolved_by = 'log-recover',
+        updated_at = statement_timestamp(), purged_at = statement_timestamp(), purged_seq = chain_seq,
+        purged_hash = chain_hash
+    WHERE tenant_id = $1 AND operation_id = $2
+    RETURNING operation_id
+)
+INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)
+SELECT $1, $4, m.operation_id FROM made AS m
+ON CONFLICT (tenant_id, operation_id) DO UPDATE SET feed_position = EXCLUDED.feed_position;
 
 -- name: log_feed_catch_up
 -- log-recover: the feed counter at least at the recovered log's size.
