@@ -88,15 +88,15 @@ async def test_queued_calls_time_out_each_at_its_own_deadline_in_arrival_order(
 ) -> None:
     monkeypatch.setattr(batching, "STALL_SECONDS", 60.0)  # the held statement keeps its place
     pool = Pool()
-    b, admission = batcher(pool, acquire_timeout=0.2)
+    b, admission = batcher(pool, acquire_timeout=0.6)  # 0.2 s of margin for a loaded machine's wake-ups
     held = call(b, "held")  # in flight until the gate opens: the others queue
     await settle()
     first = call(b, "first")
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
     second = call(b, "second")
     await settle()
     assert len(b._waiting) == 2
-    await asyncio.sleep(0.13)  # first's deadline (0.2 s) has passed, second's (0.3 s) not yet
+    await asyncio.sleep(0.4)  # first's deadline (0.6 s) has passed, second's (0.9 s) not yet
     assert first.done() and not second.done()
     with pytest.raises(TimeoutError):
         first.result()
@@ -171,7 +171,9 @@ async def test_calls_waiting_together_go_in_one_statement_and_each_gets_its_row(
 async def test_a_stalled_statement_gives_its_place_to_the_calls_behind_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(batching, "STALL_SECONDS", 0.05)
+    # 0.4 s: each "not yet" below has 0.2 - 0.3 s of margin, so a loaded machine's late wake-ups (CI
+    # saw one past 0.02 s at a load of 5) do not stall the second statement before the third's check
+    monkeypatch.setattr(batching, "STALL_SECONDS", 0.4)
     pool = Pool()
     b, admission = batcher(pool)
     first = call(b, "first")
@@ -179,14 +181,14 @@ async def test_a_stalled_statement_gives_its_place_to_the_calls_behind_it(
     second = call(b, "second", "run_submit")
     await settle()
     assert len(b._waiting) == 1  # one statement in flight: the second waits
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(0.2)
     assert len(b._waiting) == 1  # not yet stalled
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
     assert not b._waiting and b._inflight == 1  # the first gave its place; the second went out
     third = call(b, "third", "run_complete")
     await settle()
     assert len(b._waiting) == 1  # the second is in flight, not yet for STALL_SECONDS
-    await asyncio.sleep(0.06)
+    await asyncio.sleep(0.5)
     assert not b._waiting  # the second stalled too: the third went out (all three still held)
     pool.gate.set()
     assert [(await t)["operation_id"] for t in (first, second, third)] == ["first", "second", "third"]
