@@ -292,3 +292,65 @@ async def test_array_lookups_probe_the_key_per_id_whatever_the_statistics(db_url
             assert {r["operation_id"] for r in found_rows} == set(wanted)
     finally:
         await conn.close()
+
+
+async def test_the_feed_sequencer_reads_each_pending_row_once_whatever_the_statistics(db_url: str) -> None:
+    """feed_assign on a table no analyse has seen yet (a new deployment's first receipts, one tenant's
+    backlog): every plan node runs once, so a batch costs what its rows cost. A join of the batch back
+    to ledger.feed_pending was planned here as a nested loop over a Materialize of the whole batch,
+    rescanned for each of its rows: 400 x 400 rows read for a batch of 400. The batches hand out
+    positions in resolution order after the given one; the last takes nothing of another tenant."""
+    tenant, batch, backlog = "t-seq", 400, 1000
+    pending = [(tenant, START + timedelta(seconds=i), f"op-{i:05d}") for i in range(backlog)]
+    columns = ["tenant_id", "resolved_at", "operation_id"]
+    analysed = "SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.feed_pending'::regclass"
+    async with owner(db_url) as conn:
+        await conn.copy_records_to_table(
+            "feed_pending", schema_name="ledger", records=pending[::-1], columns=columns
+        )
+        assert await conn.fetchval(analysed) is None
+    conn = await runtime(db_url)
+    try:
+        async with conn.transaction():
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            assert await conn.fetchval(sql("feed_lock"), tenant) == 0
+            for n, mode in enumerate(("force_custom_plan", "force_generic_plan")):
+                await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = json.loads(
+                    await conn.fetchval(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + sql("feed_assign"), tenant, n * batch, batch
+                    )
+                )
+                found = list(nodes(plan[0]["Plan"]))
+                rescanned = [(x["Node Type"], x["Actual Loops"]) for x in found if x["Actual Loops"] > 1]
+                assert rescanned == [], json.dumps(plan, indent=1)
+                deleted = [x["Actual Rows"] for x in found if x.get("Operation") == "Delete"]
+                assert deleted == [batch], json.dumps(plan, indent=1)
+        # another tenant's rows at the same times, sorting between the tenant's: the last batch (the
+        # rest of the backlog, under the limit) leaves them
+        others = [("t-other", START + timedelta(seconds=i), f"op-{i:05d}") for i in range(0, backlog, 50)]
+        async with owner(db_url) as other:
+            await other.copy_records_to_table(
+                "feed_pending", schema_name="ledger", records=others, columns=columns
+            )
+        async with conn.transaction():
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            last = await conn.fetchval(sql("feed_lock"), tenant)
+            assert last == 2 * batch
+            assert await conn.fetchval(sql("feed_assign"), tenant, last, batch) == backlog - 2 * batch
+    finally:
+        await conn.close()
+    async with owner(db_url) as conn:
+        rows = await conn.fetch(
+            "SELECT feed_position, operation_id FROM ledger.feed WHERE tenant_id = $1 ORDER BY feed_position",
+            tenant,
+        )
+        assert [(r["feed_position"], r["operation_id"]) for r in rows] == [
+            (i + 1, f"op-{i:05d}") for i in range(backlog)
+        ]
+        counter = "SELECT last_position FROM ledger.feed_counters WHERE tenant_id = $1"
+        assert await conn.fetchval(counter, tenant) == backlog
+        left = await conn.fetch(
+            "SELECT tenant_id, operation_id FROM ledger.feed_pending ORDER BY operation_id"
+        )
+        assert [(r["tenant_id"], r["operation_id"]) for r in left] == [("t-other", o) for _, _, o in others]

@@ -334,21 +334,31 @@ RETURNING last_position;
 -- transaction. Its snapshot is taken after the lock was granted, so it sees every position an earlier
 -- sequencer committed, and it positions only commits it can see: a position is never handed out below
 -- one already visible. Answers how many operations got a position.
+-- The batch is a prefix of feed_pending's primary key, so it is deleted as one range of that key up
+-- to its last row (the same snapshot sees the same rows), and numbered from what was deleted. A join
+-- of the batch to the table instead was planned, on a table whose statistics said nothing yet, as a
+-- nested loop rescanning the whole batch for every row: quadratic in the batch (tests/integration/
+-- test_query_plans.py pins the range).
 WITH batch AS (
-    SELECT p.resolved_at, p.operation_id,
-           $2::bigint + row_number() OVER (ORDER BY p.resolved_at, p.operation_id) AS feed_position
+    SELECT p.resolved_at, p.operation_id
     FROM ledger.feed_pending AS p
     WHERE p.tenant_id = $1
     ORDER BY p.resolved_at, p.operation_id
     LIMIT $3
+), edge AS (
+    SELECT b.resolved_at, b.operation_id FROM batch AS b
+    ORDER BY b.resolved_at DESC, b.operation_id DESC
+    LIMIT 1
 ), taken AS (
     DELETE FROM ledger.feed_pending AS p
-    USING batch AS b
-    WHERE p.tenant_id = $1 AND p.resolved_at = b.resolved_at AND p.operation_id = b.operation_id
-    RETURNING b.operation_id, b.feed_position
+    WHERE p.tenant_id = $1
+      AND (p.resolved_at, p.operation_id)
+          <= ((SELECT e.resolved_at FROM edge AS e), (SELECT e.operation_id FROM edge AS e))
+    RETURNING p.resolved_at, p.operation_id
 ), placed AS (
     INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)
-    SELECT $1, t.feed_position, t.operation_id FROM taken AS t
+    SELECT $1, $2::bigint + row_number() OVER (ORDER BY t.resolved_at, t.operation_id), t.operation_id
+    FROM taken AS t
     RETURNING feed_position
 )
 UPDATE ledger.feed_counters AS c
