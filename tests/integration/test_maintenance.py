@@ -339,3 +339,24 @@ async def test_serve_sweeps_in_the_background(settings: Settings, db_url: str) -
         )
         kinds = [e["kind"] for e in await events_of(db_url, "expired")]
         assert kinds == ["claimed", "submitted", "lease_expired"]
+
+
+async def test_an_expired_tombstone_never_sequenced_leaves_no_pending_feed_row(
+    client: httpx.AsyncClient, db_url: str, settings: Settings
+) -> None:
+    """Nothing read the feed for the whole retention (the log off, no follower): the committed
+    operation's place in ledger.feed_pending outlives its receipt. When the tombstone expires, the
+    place goes with the row; left behind, it would be given a position with no operation behind it,
+    and the log's integrator stops at such a gap for good. The feed then numbers the rest gap-free."""
+    for op in ("gone", "kept"):
+        await committed(client, op)
+    await backdate(db_url, 400, "gone")
+    pending_rows = "SELECT operation_id FROM ledger.feed_pending WHERE tenant_id = 't1' ORDER BY operation_id"
+    async with owner(db_url) as conn:
+        assert [r["operation_id"] for r in await conn.fetch(pending_rows)] == ["gone", "kept"]
+    result = await purge(settings)  # tombstoned (retention), then deleted (tombstone horizon), in one run
+    assert (result.counts["operations"], result.counts["tombstones_expired"]) == (1, 1)
+    async with owner(db_url) as conn:
+        assert [r["operation_id"] for r in await conn.fetch(pending_rows)] == ["kept"]
+    feed = (await get(client, "/v1/receipts")).json()
+    assert [(item["operation_id"], int(item["position"])) for item in feed["items"]] == [("kept", 1)]

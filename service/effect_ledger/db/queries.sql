@@ -507,9 +507,18 @@ WHERE o.tenant_id = $1 AND o.operation_id = d.operation_id;
 
 -- name: purge_operations
 -- Delete one tenant's given operations (expired tombstones locked by lock_expired_tombstones in this
--- transaction): the ID is gone, and its feed position with it (the log keeps its leaf).
+-- transaction): the ID is gone, and its feed position with it (the log keeps its leaf), or its place
+-- in ledger.feed_pending when it never got one (nothing sequenced the tenant's feed for the whole
+-- retention: the log off, no feed reader). A pending row left behind would later be given a position
+-- with no operation behind it: a gap at which the log's integrator stops for good. The pending row is
+-- found by its key (the operation's resolved_at); every CTE sees the operations before the DELETE.
 WITH unpositioned AS (
     DELETE FROM ledger.feed WHERE tenant_id = $1 AND operation_id = ANY($2::text[])
+), unqueued AS (
+    DELETE FROM ledger.feed_pending AS p
+    USING ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = ANY($2::text[])
+      AND p.tenant_id = $1 AND p.resolved_at = o.resolved_at AND p.operation_id = o.operation_id
 )
 DELETE FROM ledger.operations
 WHERE tenant_id = $1 AND operation_id = ANY($2::text[]);
