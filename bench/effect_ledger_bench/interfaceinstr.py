@@ -1,6 +1,7 @@
 """Instructions per executor request in serve's worker, per HTTP server: a figure load does not move.
 
-`python -m effect_ledger_bench.interfaceinstr [--cycles 40] [--executors 4] [--interfaces ledger,rsgi,asgi]`
+`python -m effect_ledger_bench.interfaceinstr [--cycles 40] [--executors 4] [--interfaces ledger,rsgi,asgi]
+[--variant NAME=VAR=value,...]`
 (the variants of interfacecpu: `ledger` serve's own server, `rsgi` and `asgi` granian's interfaces;
 not `uvicorn`, whose single worker is serve's own process)
 runs `serve --workers 1` under valgrind's callgrind (the embedded PostgreSQL untraced, the server's
@@ -30,7 +31,7 @@ import httpx
 
 from effect_ledger.http.auth import mint_token
 from effect_ledger.settings import Settings
-from effect_ledger_bench.interfacecpu import VARIANTS
+from effect_ledger_bench.interfacecpu import VARIANTS, variant
 from effect_ledger_bench.service import free_port
 from effect_ledger_bench.workload import (
     PRINCIPAL,
@@ -89,8 +90,9 @@ def _total(path: Path) -> int:
     return int(found.group(1))
 
 
-async def one_run(interface: str, cycles: int, executors: int) -> tuple[int, int]:
-    """(requests, the worker's instructions from its fork to its exit) for one serve under callgrind."""
+async def one_run(interface: str, environ: dict[str, str], cycles: int, executors: int) -> tuple[int, int]:
+    """(requests, the worker's instructions from its fork to its exit) for one serve under callgrind,
+    with `environ` (the variant's settings) over the run's own."""
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-instr-"))
     secret = secrets.token_urlsafe(48)
     port = free_port()
@@ -98,7 +100,7 @@ async def one_run(interface: str, cycles: int, executors: int) -> tuple[int, int
         **os.environ,
         "EFFECT_LEDGER_DATA_DIR": str(workdir / "data"),
         "EFFECT_LEDGER_JWT_SECRET": secret,
-        **VARIANTS[interface],
+        **environ,
         "EFFECT_LEDGER_RATE_LIMIT_PER_SECOND": "0",
         "EFFECT_LEDGER_SHUTDOWN_TIMEOUT_SECONDS": "300",  # the worker must exit by itself to write its counts
     }
@@ -162,13 +164,14 @@ async def one_run(interface: str, cycles: int, executors: int) -> tuple[int, int
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def main(cycles: int, executors: int, rounds: int, interfaces: list[str]) -> None:
+async def main(cycles: int, executors: int, rounds: int, variants: dict[str, dict[str, str]]) -> None:
     """Per round and interface, a serve with `cycles` and one with 3 * `cycles` cycles; the difference."""
     print(f"load average {os.getloadavg()[0]:.2f} at the start (instructions ignore it)", flush=True)
     for n in range(rounds):
-        for interface in interfaces if n % 2 == 0 else interfaces[::-1]:
-            few, few_instr = await one_run(interface, cycles, executors)
-            many, many_instr = await one_run(interface, 3 * cycles, executors)
+        names = list(variants)
+        for interface in names if n % 2 == 0 else names[::-1]:
+            few, few_instr = await one_run(interface, variants[interface], cycles, executors)
+            many, many_instr = await one_run(interface, variants[interface], 3 * cycles, executors)
             per_request = (many_instr - few_instr) / (many - few)
             print(
                 f"{interface}: {few} requests {few_instr:,} instructions, {many} requests {many_instr:,};"
@@ -183,5 +186,14 @@ if __name__ == "__main__":
     parser.add_argument("--executors", type=int, default=4, help="concurrent clients")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the interfaces")
     parser.add_argument("--interfaces", default="ledger,rsgi,asgi", help="comma-separated variants, in order")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=VAR=value,VAR=value: serve's environment for one more variant (as interfacecpu's),"
+        " e.g. logoff=EFFECT_LEDGER_LOG_ENABLED=false",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.cycles, args.executors, args.rounds, args.interfaces.split(",")))
+    chosen = {name: VARIANTS[name] for name in args.interfaces.split(",") if name}
+    chosen.update(variant(text) for text in args.variant)
+    asyncio.run(main(args.cycles, args.executors, args.rounds, chosen))
