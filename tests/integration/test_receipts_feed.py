@@ -9,6 +9,7 @@ import asyncio
 import json
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -176,3 +177,39 @@ async def test_two_sequencers_never_hand_out_a_position_twice(client: httpx.Asyn
         )
         assert await conn.fetchval("SELECT count(*) FROM ledger.feed_pending") == 0
         assert await conn.fetchval("SELECT count(*) FROM ledger.feed WHERE tenant_id = 't1'") == 30
+
+
+async def test_the_runtime_role_only_adds_feed_positions_and_only_sees_its_tenant(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    """Migration 0019's tables under the runtime role: a position, once handed out, is never changed
+    or removed by the service (no UPDATE or DELETE on ledger.feed; only log-recover, as the owner,
+    moves one), and another tenant's positions and waiting commits are invisible and unwritable."""
+    await committed(client, "mine")
+    await committed(client, "theirs", tenant="t2")
+    assert [i["operation_id"] for i in (await get(client, "/v1/receipts", **AUDITOR)).json()["items"]] == [
+        "mine"
+    ]
+    conn = await runtime_connection(db_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT tenancy.bind_setting('effect_ledger.tenant', 't1')")
+            feed = await conn.fetch("SELECT tenant_id, feed_position, operation_id FROM ledger.feed")
+            assert [tuple(r) for r in feed] == [("t1", 1, "mine")]
+            assert await conn.fetchval("SELECT count(*) FROM ledger.feed_pending") == 0  # t2's is hidden
+            refused = {
+                "UPDATE ledger.feed SET feed_position = 7": "permission denied",
+                "DELETE FROM ledger.feed": "permission denied",
+                "INSERT INTO ledger.feed VALUES ('t2', 5, 'theirs')": "row-level security",
+                "INSERT INTO ledger.feed_pending VALUES ('t2', now(), 'theirs')": "row-level security",
+            }
+            for statement, reason in refused.items():
+                with pytest.raises(asyncpg.InsufficientPrivilegeError, match=reason):
+                    async with conn.transaction():
+                        await conn.execute(statement)
+    finally:
+        await conn.close()
+    async with owner(db_url) as conn:
+        kept = await conn.fetch("SELECT tenant_id, operation_id FROM ledger.feed_pending")
+        assert [tuple(r) for r in kept] == [("t2", "theirs")]
+        assert await conn.fetchval("SELECT count(*) FROM ledger.feed WHERE tenant_id = 't2'") == 0
