@@ -815,15 +815,18 @@ WHERE f.tenant_id = $1 AND o.tenant_id = $1 AND o.status = 'committed'
 
 -- name: log_unposition
 -- log-recover: free a feed position the mirror gives to another receipt; the operation, committed,
--- waits for a new one (re-sequenced after the recovered log).
-WITH freed AS (
-    DELETE FROM ledger.feed WHERE tenant_id = $1 AND operation_id = $2 RETURNING operation_id
+-- waits for a new one (re-sequenced after the recovered log). The re-queue is the CTE and the DELETE
+-- the statement: the other way round (an INSERT ... SELECT joining the DELETE's RETURNING), Citus
+-- refuses it as a distributed query nested in one on a shard (test_log_recover_positions.py).
+WITH queued AS (
+    INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id)
+    SELECT o.tenant_id, o.resolved_at, o.operation_id
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = $2 AND o.status = 'committed'
+      AND EXISTS (SELECT 1 FROM ledger.feed AS f WHERE f.tenant_id = $1 AND f.operation_id = $2)
+    ON CONFLICT DO NOTHING
 )
-INSERT INTO ledger.feed_pending (tenant_id, resolved_at, operation_id)
-SELECT o.tenant_id, o.resolved_at, o.operation_id
-FROM ledger.operations AS o JOIN freed ON freed.operation_id = o.operation_id
-WHERE o.tenant_id = $1 AND o.status = 'committed'
-ON CONFLICT DO NOTHING;
+DELETE FROM ledger.feed WHERE tenant_id = $1 AND operation_id = $2;
 
 -- name: log_operation_state
 -- log-recover: what the database has of an operation the mirror says was committed and logged.
@@ -834,9 +837,12 @@ WHERE o.tenant_id = $1 AND o.operation_id = $2;
 
 -- name: log_position_set
 -- log-recover: put a committed operation at the feed position the signed log gave it (no longer
--- waiting for one, if it was).
+-- waiting for one, if it was: its pending row found by its key, as purge_operations finds it).
 WITH unqueued AS (
-    DELETE FROM ledger.feed_pending WHERE tenant_id = $1 AND operation_id = $2
+    DELETE FROM ledger.feed_pending AS p
+    USING ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = $2
+      AND p.tenant_id = $1 AND p.resolved_at = o.resolved_at AND p.operation_id = $2
 )
 INSERT INTO ledger.feed (tenant_id, feed_position, operation_id) VALUES ($1, $3, $2)
 ON CONFLICT (tenant_id, operation_id) DO UPDATE SET feed_position = EXCLUDED.feed_position;
