@@ -16,7 +16,7 @@ Revises: 0009
 Create Date: 2026-12-01
 """
 
-from effect_ledger.db.migrate import distribute_by_tenant, execute_script
+from effect_ledger.db.migrate import distribute_by_tenant, execute_script, isolate_by_tenant
 
 revision = "0010"
 down_revision = "0009"
@@ -61,34 +61,16 @@ CREATE TABLE ledger.log_decisions (
 );
 """
 
-POLICIES = r"""
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['log_state', 'log_tiles', 'log_checkpoints', 'log_decisions'] LOOP
-        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
-        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
-        EXECUTE format($p$CREATE POLICY tenant_isolation ON ledger.%I
-            USING (tenant_id = current_setting('effect_ledger.tenant', true))
-            WITH CHECK (tenant_id = current_setting('effect_ledger.tenant', true))$p$, t);
-        EXECUTE format($p$CREATE POLICY maintenance ON ledger.%I TO CURRENT_USER
-            USING (current_setting('effect_ledger.maintenance', true) = 'on')$p$, t);
-        -- the service's runtime role only reads the log (the integrator writes as the owner)
-        EXECUTE format('GRANT SELECT ON ledger.%I TO effect_ledger_runtime', t);
-    END LOOP;
-END
-$$;
-"""
+LOGS = ("ledger.log_state", "ledger.log_tiles", "ledger.log_checkpoints", "ledger.log_decisions")
 
 
 def upgrade() -> None:
     """The log's tables, tenant-isolated, readable by the runtime role, distributed by tenant on Citus."""
     execute_script(TABLES)
-    execute_script(POLICIES)
-    distribute_by_tenant(
-        "ledger.log_state", "ledger.log_tiles", "ledger.log_checkpoints", "ledger.log_decisions"
-    )
+    isolate_by_tenant(*LOGS)
+    # the service's runtime role only reads the log (the integrator writes as the owner)
+    execute_script(f"GRANT SELECT ON {', '.join(LOGS)} TO effect_ledger_runtime")
+    distribute_by_tenant(*LOGS)
 
 
 def downgrade() -> None:

@@ -27,7 +27,7 @@ Revises: 0018
 Create Date: 2026-12-04
 """
 
-from effect_ledger.db.migrate import apply_functions, distribute_by_tenant, execute_script
+from effect_ledger.db.migrate import apply_functions, distribute_by_tenant, execute_script, isolate_by_tenant
 
 revision = "0019"
 down_revision = "0018"
@@ -48,21 +48,6 @@ CREATE TABLE ledger.feed_pending (
     operation_id text        NOT NULL,
     PRIMARY KEY (tenant_id, resolved_at, operation_id)
 );
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['feed', 'feed_pending'] LOOP
-        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
-        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
-        EXECUTE format($p$CREATE POLICY tenant_isolation ON ledger.%I
-            USING (tenant_id = current_setting('effect_ledger.tenant', true))
-            WITH CHECK (tenant_id = current_setting('effect_ledger.tenant', true))$p$, t);
-        EXECUTE format($p$CREATE POLICY maintenance ON ledger.%I TO CURRENT_USER
-            USING (current_setting('effect_ledger.maintenance', true) = 'on')$p$, t);
-    END LOOP;
-END
-$$;
 -- the write path inserts pending rows; the sequencer (reads.sequence_receipts, under the runtime
 -- role when the feed is read) moves them to the feed
 GRANT SELECT, INSERT, DELETE ON ledger.feed_pending TO effect_ledger_runtime;
@@ -98,6 +83,7 @@ def upgrade() -> None:
     """The two tables, the positions moved into them, the column and its indexes dropped, the write
     path's functions applied again (complete and resolve insert the pending row)."""
     execute_script(TABLES)
+    isolate_by_tenant("ledger.feed", "ledger.feed_pending")
     distribute_by_tenant("ledger.feed", "ledger.feed_pending")
     for statement in (*MOVE, *DROP):
         execute_script(statement)
