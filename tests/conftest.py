@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from itertools import count
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,6 +88,20 @@ async def template_url(pg_admin_url: str, on_citus: bool) -> AsyncIterator[str]:
         await admin.close()
 
 
+@pytest.fixture
+async def empty_db(pg_admin_url: str) -> AsyncIterator[str]:
+    """A new, empty database, not cloned from the migrated template: for tests that migrate it themselves
+    (to an older revision, then on)."""
+    name = f"el_empty_{os.getpid()}_{next(_EMPTY_NAMES)}"
+    admin = await asyncpg.connect(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield with_database(pg_admin_url, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 @pytest.fixture(scope="session")
 async def databases(pg_admin_url: str, template_url: str, on_citus: bool) -> AsyncIterator[Databases | None]:
     """The clean databases handed to tests (plain PostgreSQL only: on Citus, None)."""
@@ -103,6 +118,7 @@ async def databases(pg_admin_url: str, template_url: str, on_citus: bool) -> Asy
 
 
 _DATABASES: list[Databases] = []
+_EMPTY_NAMES = count()  # empty_db: a new name each time
 
 
 def pytest_configure(config: pytest.Config) -> None:

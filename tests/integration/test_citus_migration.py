@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
-from collections.abc import AsyncIterator
-from itertools import count
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
-import pytest
 from alembic import command
 
 from effect_ledger.db.migrate import alembic_config, migrations_dir
 from effect_ledger.db.schema_dump import dump_schema
 from support.citus_cluster import STUBS
-from support.database import with_database
 
-_names = count()
 ROLE_SETTINGS = (
     "SELECT r.rolname, s.setconfig FROM pg_db_role_setting AS s JOIN pg_roles AS r ON r.oid = s.setrole"
     " ORDER BY r.rolname, s.setdatabase"
@@ -34,19 +28,6 @@ def citus_migration() -> object:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-async def empty_db(pg_admin_url: str) -> AsyncIterator[str]:
-    """A new, empty database (not cloned from the migrated template)."""
-    name = f"el_citus_{os.getpid()}_{next(_names)}"
-    admin = await asyncpg.connect(pg_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield with_database(pg_admin_url, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def role_settings(url: str) -> list[tuple[str, list[str]]]:

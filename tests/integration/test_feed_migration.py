@@ -5,35 +5,15 @@ nothing else is queued, the column and its indexes are gone, and the feed number
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from itertools import count
 
-import asyncpg
-import pytest
 from alembic import command
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.migrate import alembic_config
-from support.database import with_database
 from support.ledger import Seed, owner, seed
 
-_names = count()
 START = datetime(2026, 11, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-async def empty_db(pg_admin_url: str) -> AsyncIterator[str]:
-    """A new, empty database (not cloned from the migrated template)."""
-    name = f"el_feed_{os.getpid()}_{next(_names)}"
-    admin = await asyncpg.connect(pg_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield with_database(pg_admin_url, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def test_0019_moves_positions_and_waiting_commits_out_of_the_operation_row(empty_db: str) -> None:
