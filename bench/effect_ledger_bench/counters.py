@@ -22,6 +22,7 @@ other databases: run the bench alone.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -85,15 +86,23 @@ class Window:
     postmaster: int | None
     python: Callable[[], float] = self_cpu_seconds  # the Python under test (default: this process)
     python_in_self: bool = True  # the Python under test is this process (do not count it twice)
+    log_process: Callable[[], float | None] | None = None  # the part of `python` that is serve's log
+    # process (None from it: the server has none)
     seconds: float = 0.0
     postgres_cpu: float | None = None
     python_cpu: float | None = 0.0  # None: no Python in this layer (pgbench)
+    log_cpu: float | None = None  # of python_cpu, the log process's (a service row with the log on)
     client_cpu: float = 0.0
     other_cores: float = 0.0  # other processes' (the quiet rule judges this)
     kernel_cores: float = 0.0  # the kernel's own work, much of it the run's (printed, not judged)
     wal_bytes: int = 0
     commits: int = 0
     _start: dict[str, float] = field(default_factory=dict)
+
+    def _log_seconds(self) -> float:
+        """The log process's CPU seconds now; NaN when there is none (or nothing asked for it)."""
+        seconds = self.log_process() if self.log_process is not None else None
+        return float("nan") if seconds is None else seconds
 
     async def _counters(self) -> tuple[int, int]:
         conn = await asyncpg.connect(self.url)
@@ -110,6 +119,7 @@ class Window:
             "wall": time.monotonic(),
             "pg": tree_cpu_seconds(self.postmaster) if self.postmaster else 0.0,
             "python": self.python(),
+            "log": self._log_seconds(),
             "self": self_cpu_seconds(),
             "clients": children_cpu_seconds(),
             "busy": machine_busy_seconds(),
@@ -126,6 +136,8 @@ class Window:
         self.postgres_cpu = pg
         python = self.python() - s["python"]
         self.python_cpu = python
+        log_now = self._log_seconds()
+        self.log_cpu = None if math.isnan(log_now) or math.isnan(s["log"]) else log_now - s["log"]
         own = self_cpu_seconds() - s["self"]
         self.client_cpu = children_cpu_seconds() - s["clients"]
         busy = machine_busy_seconds() - s["busy"]
@@ -143,6 +155,8 @@ class Window:
         pg_cpu = self.postgres_cpu
         pg = "PostgreSQL n/a" if pg_cpu is None else f"PostgreSQL {pg_cpu / n * 1000:.2f} ms"
         python = "no Python" if self.python_cpu is None else f"Python {self.python_cpu / n * 1000:.2f} ms"
+        if self.python_cpu is not None and self.log_cpu is not None:  # serve's log process: its share
+            python += f" (the log process {self.log_cpu / n * 1000:.3f} ms)"
         return (
             f"per cycle: {pg}, {python}, WAL {self.wal_bytes / n:,.0f} B, "
             f"{self.commits / n:.2f} write xacts; "

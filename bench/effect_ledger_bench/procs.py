@@ -86,10 +86,16 @@ def worker_rss_mb(pid: int, *, log_process: bool = False) -> list[float]:
 
 def log_process_cpu_seconds(pid: int) -> float:
     """CPU seconds of the server's log process (0 without one, or when it is gone)."""
+    return own_log_process_cpu_seconds(pid) or 0.0
+
+
+def own_log_process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of the server's log process; None when it has none (the log off) or is gone."""
     try:
-        return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _workers_and_logs(pid)[1]))
+        logs = _workers_and_logs(pid)[1]
+        return sum(float(t.user + t.system) for t in (p.cpu_times() for p in logs)) if logs else None
     except psutil.NoSuchProcess:
-        return 0.0
+        return None
 
 
 def _workers_and_logs(pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:

@@ -232,11 +232,17 @@ class Bench:
         """Before each layer's warm-up: changed tables vacuumed, no autovacuum running, a checkpoint."""
         progress(f"  settled: {await self.cluster.settle()}")
 
-    def window(self, url: str, python: Callable[[], float] | None = None) -> Window:
-        """Counters around one measurement; `python`: the CPU of the Python under test (default: ours)."""
+    def window(
+        self,
+        url: str,
+        python: Callable[[], float] | None = None,
+        log_process: Callable[[], float | None] | None = None,
+    ) -> Window:
+        """Counters around one measurement; `python`: the CPU of the Python under test (default: ours);
+        `log_process`: the part of it that is serve's log process (printed apart)."""
         if python is None:
             return Window(url, self.cluster.postmaster)
-        return Window(url, self.cluster.postmaster, python, python_in_self=False)
+        return Window(url, self.cluster.postmaster, python, python_in_self=False, log_process=log_process)
 
     def layer(self, key: str, name: str, cycles: int, window: Window, extra: str = "") -> None:
         """Keep one layer's figures and print its row."""
@@ -332,7 +338,7 @@ class Bench:
             # the ASGI row's last receipts first, so that this row's window does not integrate them
             caught_up = await settled_note(url, TENANT)
             gen = self.generator(service)
-            window = self.window(url, service.cpu_seconds)
+            window = self.window(url, service.cpu_seconds, service.log_cpu_seconds)
             progress(
                 f"service: {c.concurrency} executors via {self.generator_name}, {c.warmup:g} s warm-up"
                 f" + {c.duration:g} s"
@@ -365,7 +371,7 @@ class Bench:
         try:
             caught_up = await settled_note(url, TENANT) if settled else ""
             gen = self.generator(service)
-            window = self.window(url, service.cpu_seconds)
+            window = self.window(url, service.cpu_seconds, service.log_cpu_seconds)
             r = await self.measured_cycles(gen, window, c.warmup, c.duration, prefix)
             self.layer(
                 key,
@@ -517,7 +523,7 @@ class Bench:
                     progress(f"growth: loaded and analysed in {seconds:.0f} s")
                     have = size
                 progress(f"growth: {size:,} rows, {c.growth_duration:g} s of cycles")
-                window = self.window(url, service.cpu_seconds)
+                window = self.window(url, service.cpu_seconds, service.log_cpu_seconds)
                 r = await self.measured_cycles(gen, window, min(c.warmup, 2.0), c.growth_duration, f"g{size}")
                 claim = r.latency("claim")
                 empty_p50 = claim.p50 if empty_p50 is None else empty_p50

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from effect_ledger_bench.neighbour import rate_limit_env
-from effect_ledger_bench.procs import tree_cpu_seconds, worker_rss_mb
+from effect_ledger_bench.procs import own_log_process_cpu_seconds, tree_cpu_seconds, worker_rss_mb
 
 
 def free_port() -> int:
@@ -103,6 +103,10 @@ class ServiceProcess:
     def cpu_seconds(self) -> float:
         """CPU seconds of the whole server (supervisor and workers)."""
         return tree_cpu_seconds(self.pid)
+
+    def log_cpu_seconds(self) -> float | None:
+        """CPU seconds of the server's log process; None when it has none (the log off)."""
+        return own_log_process_cpu_seconds(self.pid)
 
     async def stop(self, within: float = 30.0) -> None:
         """SIGTERM (graceful shutdown), then SIGKILL of its own process group if it lingers."""

@@ -123,3 +123,10 @@ def test_lean_rows_that_drifted_apart_withhold_every_ratio() -> None:
     assert rows["ratios reported"] == ("no", "")
     why = {row.notes for row in bench.rows if row.rate == "not reported"}
     assert why == {"busy: the lean yardstick rows (before, after) differ 1.25 x (> 1.2)"}
+
+
+def test_a_service_row_with_a_log_process_prints_its_share_of_the_python() -> None:
+    window = Window(url="", postmaster=None, seconds=1.0, postgres_cpu=0.4, python_cpu=0.5, log_cpu=0.05)
+    assert "Python 0.50 ms (the log process 0.050 ms), WAL" in window.per_cycle(1000)
+    window.log_cpu = None  # no log process (the log off)
+    assert "Python 0.50 ms, WAL" in window.per_cycle(1000)
