@@ -1,5 +1,5 @@
-"""The receipts log's hashing fast paths (round 15) against the reference: an event's link hash given
-field by field, a chain walked over database rows, a receipt's digest. Same bytes, same verdicts, same
+"""The receipts log's hashing fast paths (rounds 15 and 17) against the reference: an event's link hash
+given field by field, a chain walked over database rows, a receipt's digest, a leaf. Same bytes, same verdicts, same
 refusals, for arbitrary values (Hypothesis) as for the shapes the ledger writes."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json_reference
 from effect_ledger.domain.chain import GENESIS_HASH, HASHED_FIELDS, event_hash, first_bad_seq, link_hash
 from effect_ledger.domain.model import RECEIPT_FIELDS, receipt_digest
+from effect_ledger.domain.note import b64
+from effect_ledger.domain.receipt_log import LeafFacts, leaf_data
 from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.verification import verify_chain
 
@@ -158,3 +160,54 @@ def test_a_stored_receipt_digest_as_before() -> None:
         "sha256:" + hashlib.sha256(canonical_json_reference(receipt)).hexdigest()
     )
     assert receipt_digest(None) is None
+
+
+def _reference_leaf(facts: LeafFacts, index: int, salt: bytes) -> bytes | None:
+    """Section 14's leaf object written out, encoded by the reference (None: it refuses)."""
+    leaf = {
+        "v": 1, "tenant": facts.tenant, "operation_id": facts.operation_id, "index": index,
+        "principal": facts.principal, "tool": facts.tool, "tool_version": facts.tool_version,
+        "intent_digest": facts.intent_digest, "attempt": facts.attempt, "receipt_digest": facts.receipt_digest,
+        "chain_hash": facts.chain_hash, "committed_at": format_ts(facts.committed_at), "salt": b64(salt),
+    }  # fmt: skip
+    try:
+        return canonical_json_reference(leaf)
+    except CanonicalizationError:
+        return None
+
+
+@given(
+    texts, texts, texts, texts, texts, texts, ints, texts, texts, ints, st.binary(min_size=32, max_size=32)
+)
+def test_leaf_data_is_the_reference_encoding_of_the_leaf(
+    tenant: Any, operation_id: Any, principal: Any, tool: Any, tool_version: Any, intent: Any,
+    attempt: Any, receipt: Any, chain: Any, index: Any, salt: bytes,
+) -> None:  # fmt: skip
+    at = datetime(2026, 12, 6, 4, 30, 1, 234000, tzinfo=UTC)
+    facts = LeafFacts(
+        tenant, operation_id, principal, tool, tool_version, intent, attempt, receipt, chain, at
+    )
+    expected = _reference_leaf(facts, index, salt)
+    if expected is None:
+        with pytest.raises(CanonicalizationError):
+            leaf_data(facts, index, salt)
+    else:
+        assert leaf_data(facts, index, salt) == expected
+
+
+def test_a_logged_leaf_as_before() -> None:
+    at = datetime(2026, 12, 1, 10, 0, 0, 123000, tzinfo=UTC)
+    facts = LeafFacts(
+        "t1",
+        "op-1",
+        "exec-1",
+        "payments.charge",
+        "2",
+        "sha256:" + "a" * 64,
+        1,
+        "sha256:" + "b" * 64,
+        "c" * 64,
+        at,
+    )
+    assert leaf_data(facts, 0, bytes(32)) == _reference_leaf(facts, 0, bytes(32))
+    assert leaf_data(facts, 0, bytes(32)).startswith(b'{"attempt":1,"chain_hash":"ccc')

@@ -156,19 +156,22 @@ async def append_leaves(
     edge_map = {r.level: have.get((r.level, r.index), b"")[: r.width * 32] for r in edge_refs}
     changed = tiles.append(size, edge_map, hashes)
     entries = tiles.decode_bundle(have.get(bundle_key, b""))[: size % TILE_WIDTH]
+    bundle_widths: dict[int, int] = {}  # each written bundle's entries (not decoded again to count)
     index = size
     for item in data:
         entries.append(item)
         index += 1
         if len(entries) == TILE_WIDTH or index == size + len(data):
-            changed[(ENTRIES, (index - 1) // TILE_WIDTH)] = tiles.encode_bundle(entries)
+            bundle = (index - 1) // TILE_WIDTH
+            changed[(ENTRIES, bundle)] = tiles.encode_bundle(entries)
+            bundle_widths[bundle] = len(entries)
             if len(entries) == TILE_WIDTH:
                 entries = []
     new_size = size + len(data)
     root = await _computed(conn, tenant, lambda read: merkle.tree_root(new_size, read), changed)
     rows = []
     for (level, idx), blob in sorted(changed.items()):
-        width = len(tiles.decode_bundle(blob)) if level == ENTRIES else len(blob) // 32
+        width = bundle_widths[idx] if level == ENTRIES else len(blob) // 32
         rows.append((tenant, level, idx, width, blob))
     await conn.executemany(sql("log_tile_put"), rows)
     await conn.execute(sql("log_advance"), tenant, new_size, root)
@@ -239,6 +242,7 @@ async def integrate_tenant(
         rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
         intact = await _intact_receipts(conn, tenant, rows)
         data = []
+        salts = os.urandom(32 * len(rows))  # one system call a batch, not one a leaf
         for k, row in enumerate(rows):
             if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else
                 log.warning("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
@@ -249,7 +253,7 @@ async def integrate_tenant(
                     "log_receipt_refused", tenant=tenant, operation_id=row["operation_id"], index=size + k
                 )
                 break
-            data.append(leaf_data(_facts(tenant, row), size + k, os.urandom(32)))
+            data.append(leaf_data(_facts(tenant, row), size + k, salts[32 * k : 32 * k + 32]))
             if k % SLICE == SLICE - 1:
                 await asyncio.sleep(0)
         if not data:

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from effect_ledger.domain.canonical import canonical_json, intent_digest
+import msgspec
+
+from effect_ledger.domain.canonical import MAX_EXACT_INT, canonical_json, encode_members, intent_digest
 from effect_ledger.domain.merkle import leaf_hash, verify_inclusion
 from effect_ledger.domain.note import (
     Checkpoint,
@@ -50,25 +52,65 @@ class LeafFacts:
     committed_at: datetime
 
 
+class _Leaf(msgspec.Struct, gc=False):
+    """The leaf object's members in JCS order (sorted), for canonical.encode_members."""
+
+    attempt: Any
+    chain_hash: Any
+    committed_at: Any
+    index: Any
+    intent_digest: Any
+    operation_id: Any
+    principal: Any
+    receipt_digest: Any
+    salt: Any
+    tenant: Any
+    tool: Any
+    tool_version: Any
+    v: Any
+
+
 def leaf_data(facts: LeafFacts, index: int, salt: bytes) -> bytes:
-    """The JCS form of the leaf object of section 14."""
-    return canonical_json(
-        {
-            "v": LEAF_VERSION,
-            "tenant": facts.tenant,
-            "operation_id": facts.operation_id,
-            "index": index,
-            "principal": facts.principal,
-            "tool": facts.tool,
-            "tool_version": facts.tool_version,
-            "intent_digest": facts.intent_digest,
-            "attempt": facts.attempt,
-            "receipt_digest": facts.receipt_digest,
-            "chain_hash": facts.chain_hash,
-            "committed_at": format_ts(facts.committed_at),
-            "salt": b64(salt),
-        }
+    """The JCS form of the leaf object of section 14. The integrator builds one per receipt it logs:
+    when every member is a str or an exact int (the shapes the ledger stores), they are written
+    straight from the facts (no dict, no walk: 3.6 → 1.4 µs a leaf); anything else takes canonical_json
+    of the object (tests/unit/test_log_hashing.py checks both against the reference encoding)."""
+    leaf = _Leaf(
+        facts.attempt,
+        facts.chain_hash,
+        format_ts(facts.committed_at),
+        index,
+        facts.intent_digest,
+        facts.operation_id,
+        facts.principal,
+        facts.receipt_digest,
+        b64(salt),
+        facts.tenant,
+        facts.tool,
+        facts.tool_version,
+        LEAF_VERSION,
     )
+    if (
+        _plain_int(leaf.attempt)
+        and _plain_int(leaf.index)
+        and type(leaf.chain_hash) is str
+        and type(leaf.committed_at) is str
+        and type(leaf.intent_digest) is str
+        and type(leaf.operation_id) is str
+        and type(leaf.principal) is str
+        and type(leaf.receipt_digest) is str
+        and type(leaf.tenant) is str
+        and type(leaf.tool) is str
+        and type(leaf.tool_version) is str
+    ):
+        body = encode_members(leaf)  # None: a lone surrogate, which canonical_json refuses below
+        if body is not None:
+            return body
+    return canonical_json({name: getattr(leaf, name) for name in _Leaf.__struct_fields__})
+
+
+def _plain_int(value: object) -> bool:
+    return type(value) is int and -MAX_EXACT_INT <= value <= MAX_EXACT_INT
 
 
 def receipt_file_digest(receipt: Any) -> str:
