@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -24,7 +25,7 @@ from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
-from support.ledger import AUDITOR, committed, get, wait_for_size
+from support.ledger import AUDITOR, committed, get, owner, wait_for_size
 from support.receipt_log import log_settings
 from support.server import Service
 from support.waiting import until
@@ -315,3 +316,48 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(
     hashes = [merkle.leaf_hash(e) for e in entries]
     assert merkle.naive_root(hashes) == bytes(root)
     assert merkle.tree_root(600, lambda nodes: tiles.read_nodes(nodes, store)) == bytes(root)
+
+
+async def test_a_receipt_purged_while_its_batch_is_checked_waits_for_the_next_pass_without_an_alarm(
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log turned on late (its receipts older than the retention) while the purge runs: a receipt
+    the batch read with its body, purged into a tombstone before the batch's chains were read, is no
+    edit. The pass stops in front of it without a `receipt_mismatch` refusal, and the next pass logs
+    the tombstone (its kept digest). Before round 17 each such race counted and logged a refusal."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection, purge
+
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        for i in range(3):
+            await committed(client, f"op-{i}")
+    async with owner(db_url) as aged:  # untouched for longer than the retention (30 days)
+        await aged.execute("UPDATE ledger.operations SET updated_at = now() - make_interval(days => 40)")
+    checked = receipt_log._intact_receipts
+
+    async def purged_meanwhile(*args: Any) -> Any:
+        monkeypatch.setattr(receipt_log, "_intact_receipts", checked)  # the first pass only
+        assert (await purge(settings)).counts["operations"] == 3  # tombstones, beside the open pass
+        return await checked(*args)
+
+    monkeypatch.setattr(receipt_log, "_intact_receipts", purged_meanwhile)
+    refused: list[str] = []
+    conn = await owner_connection(settings)
+    try:
+        first = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
+        assert (first, refused) == (0, [])
+        second = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
+        assert (second, refused) == (3, [])
+        bundle = await conn.fetchval(
+            "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1"
+        )
+        logged = {
+            leaf["operation_id"]: leaf["receipt_digest"]
+            for leaf in map(json.loads, tiles.decode_bundle(bundle))
+        }
+        kept = await conn.fetch(
+            "SELECT operation_id, receipt_digest FROM ledger.operations WHERE tenant_id = 't1' AND receipt IS NULL"
+        )
+        assert logged == {r["operation_id"]: r["receipt_digest"] for r in kept} and len(logged) == 3
+    finally:
+        await conn.close()

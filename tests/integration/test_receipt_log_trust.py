@@ -352,6 +352,9 @@ EDITED_BEFORE_LOGGED = {
     " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
     "chain head, not hex": "UPDATE ledger.operations SET chain_hash = 'forged'"
     " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
+    # marked purged with its body kept: not the purge racing a pass (that waits without a refusal), an edit
+    "half purged": "UPDATE ledger.operations SET purged_seq = 1, purged_hash = repeat('a', 64)"
+    " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
 }
 
 

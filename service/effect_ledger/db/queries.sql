@@ -696,12 +696,13 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 -- name: log_batch
 -- The next committed receipts in feed order after the log's size (ledger.feed's primary key, each
 -- operation probed by its own, as list_receipts); a tombstone keeps its position and its receipt
--- digest, so its leaf is built all the same.
+-- digest, so its leaf is built all the same. purged_seq: log_batch_chains reads the rows again, in a
+-- later snapshot, and a purge in between is told from an edit by it.
 SELECT o.*, f.feed_position
 FROM ledger.feed AS f
 CROSS JOIN LATERAL (
     SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
-           o.receipt_digest, o.chain_hash, o.resolved_at
+           o.receipt_digest, o.chain_hash, o.resolved_at, o.purged_seq
     FROM ledger.operations AS o
     WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id AND o.status = 'committed'
     OFFSET 0

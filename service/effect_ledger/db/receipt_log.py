@@ -182,31 +182,46 @@ def _slices(items: Sequence[Any]) -> list[Sequence[Any]]:
     return [items[i : i + SLICE] for i in range(0, len(items), SLICE)]
 
 
+@dataclass(slots=True)
+class _Verdicts:
+    """A batch's verdicts: the operations intact, and those purged into tombstones after the batch read
+    them (their rows and chains were read by two statements, each with its own snapshot)."""
+
+    intact: set[str] = field(default_factory=set)
+    purged: set[str] = field(default_factory=set)
+
+
 async def _intact_receipts(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
-) -> set[str]:
+) -> _Verdicts:
     """The operations of a batch whose hash chain recomputes and ends at the row's chain head (the
     hash the leaf records), and whose stored receipt is the one the chain recorded (the committing
     event's receipt, by its actor). A tombstone has no events left to compare: its kept digest is
-    taken as it is. One slice of operations at a time."""
-    intact: set[str] = set()
+    taken as it is. A receipt the purge turned into a tombstone after the batch read it is neither
+    (the next pass reads the tombstone). One slice of operations at a time."""
+    checked = _Verdicts()
     for part in _slices(rows):
-        intact |= await _intact_slice(conn, tenant, part)
+        await _intact_slice(conn, tenant, part, checked)
         await asyncio.sleep(0)
-    return intact
+    return checked
 
 
-async def _intact_slice(conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]) -> set[str]:
+async def _intact_slice(
+    conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
+) -> None:
     ids = [r["operation_id"] for r in rows]
     chains: dict[str, list[Mapping[str, Any]]] = {}
     for row in await conn.fetch(sql("log_batch_chains"), tenant, ids):
         chains.setdefault(row["operation_id"], []).append(row)
-    intact = set()
+    intact = checked.intact
     for row in rows:
         chain = chains.get(row["operation_id"], [])
         if row["receipt"] is None:
             intact.add(row["operation_id"])
             continue
+        if row["purged_seq"] is None and chain and chain[0]["purged_seq"] is not None:
+            checked.purged.add(row["operation_id"])  # purged between the two reads (a row that stays
+            continue  # half purged, its body kept, is checked as it is on the next pass, and refused)
         if not chain or not chain_verdict(chain).ok:
             continue
         events = [e for e in chain if e["seq"] is not None and e["to_status"] == "committed"]
@@ -219,7 +234,6 @@ async def _intact_slice(conn: asyncpg.Connection, tenant: str, rows: Sequence[Ma
             and stored.get("recorded_by") == events[-1]["actor"]
         ):
             intact.add(row["operation_id"])
-    return intact
 
 
 async def integrate_tenant(
@@ -240,14 +254,19 @@ async def integrate_tenant(
             return None
         size = int(state["size"])
         rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
-        intact = await _intact_receipts(conn, tenant, rows)
+        checked = await _intact_receipts(conn, tenant, rows)
         data = []
         salts = os.urandom(32 * len(rows))  # one system call a batch, not one a leaf
         for k, row in enumerate(rows):
             if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else
                 log.warning("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
                 break
-            if row["operation_id"] not in intact:  # edited before it was logged: it never enters the log
+            if row["operation_id"] in checked.purged:  # the next pass logs its tombstone: no edit
+                log.info(
+                    "log_batch_met_a_purge", tenant=tenant, operation_id=row["operation_id"], index=size + k
+                )
+                break
+            if row["operation_id"] not in checked.intact:  # edited before it was logged: never logged
                 refuse("receipt_mismatch", tenant)
                 log.error(
                     "log_receipt_refused", tenant=tenant, operation_id=row["operation_id"], index=size + k
