@@ -210,4 +210,10 @@ def test_a_logged_leaf_as_before() -> None:
         at,
     )
     assert leaf_data(facts, 0, bytes(32)) == _reference_leaf(facts, 0, bytes(32))
-    assert leaf_data(facts, 0, bytes(32)).startswith(b'{"attempt":1,"chain_hash":"ccc')
+    pinned = [  # the bytes section 14 defines, whole
+        b'{"attempt":1,"chain_hash":"', b"c" * 64, b'","committed_at":"2026-12-01T10:00:00.123Z","index":0,',
+        b'"intent_digest":"sha256:', b"a" * 64, b'","operation_id":"op-1","principal":"exec-1",',
+        b'"receipt_digest":"sha256:', b"b" * 64, b'","salt":"', b"A" * 43, b'=","tenant":"t1",',
+        b'"tool":"payments.charge","tool_version":"2","v":1}',
+    ]  # fmt: skip
+    assert leaf_data(facts, 0, bytes(32)) == b"".join(pinned)

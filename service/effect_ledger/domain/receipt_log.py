@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from effect_ledger.domain.canonical import MAX_EXACT_INT, canonical_json, encode_members, intent_digest
+from effect_ledger.domain.canonical import canonical_json, encode_members, intent_digest, plain_scalar
 from effect_ledger.domain.merkle import leaf_hash, verify_inclusion
 from effect_ledger.domain.note import (
     Checkpoint,
@@ -73,8 +73,9 @@ class _Leaf(msgspec.Struct, gc=False):
 def leaf_data(facts: LeafFacts, index: int, salt: bytes) -> bytes:
     """The JCS form of the leaf object of section 14. The integrator builds one per receipt it logs:
     when every member is a str or an exact int (the shapes the ledger stores), they are written
-    straight from the facts (no dict, no walk: 3.6 → 1.4 µs a leaf); anything else takes canonical_json
-    of the object (tests/unit/test_log_hashing.py checks both against the reference encoding)."""
+    straight from the facts (no dict, no walk: 3.6 → 1.9 µs a leaf, the checks included); anything
+    else takes canonical_json of the object (tests/unit/test_log_hashing.py checks both against the
+    reference encoding)."""
     leaf = _Leaf(
         facts.attempt,
         facts.chain_hash,
@@ -91,8 +92,8 @@ def leaf_data(facts: LeafFacts, index: int, salt: bytes) -> bytes:
         LEAF_VERSION,
     )
     if (
-        _plain_int(leaf.attempt)
-        and _plain_int(leaf.index)
+        plain_scalar(leaf.attempt)  # the two ints within 2**53; every text a str (a bool or None would
+        and plain_scalar(leaf.index)  # pass as well: msgspec writes them as JCS does)
         and type(leaf.chain_hash) is str
         and type(leaf.committed_at) is str
         and type(leaf.intent_digest) is str
@@ -107,10 +108,6 @@ def leaf_data(facts: LeafFacts, index: int, salt: bytes) -> bytes:
         if body is not None:
             return body
     return canonical_json({name: getattr(leaf, name) for name in _Leaf.__struct_fields__})
-
-
-def _plain_int(value: object) -> bool:
-    return type(value) is int and -MAX_EXACT_INT <= value <= MAX_EXACT_INT
 
 
 def receipt_file_digest(receipt: Any) -> str:
