@@ -22,7 +22,6 @@ other databases: run the bench alone.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -98,11 +97,7 @@ class Window:
     wal_bytes: int = 0
     commits: int = 0
     _start: dict[str, float] = field(default_factory=dict)
-
-    def _log_seconds(self) -> float:
-        """The log process's CPU seconds now; NaN when there is none (or nothing asked for it)."""
-        seconds = self.log_process() if self.log_process is not None else None
-        return float("nan") if seconds is None else seconds
+    _log_start: float | None = None  # None: no log process (or nothing asked for it)
 
     async def _counters(self) -> tuple[int, int]:
         conn = await asyncpg.connect(self.url)
@@ -119,7 +114,6 @@ class Window:
             "wall": time.monotonic(),
             "pg": tree_cpu_seconds(self.postmaster) if self.postmaster else 0.0,
             "python": self.python(),
-            "log": self._log_seconds(),
             "self": self_cpu_seconds(),
             "clients": children_cpu_seconds(),
             "busy": machine_busy_seconds(),
@@ -127,6 +121,7 @@ class Window:
             "lsn": float(lsn),
             "commits": float(commits),
         }
+        self._log_start = self.log_process() if self.log_process is not None else None
 
     async def close(self) -> None:
         """Deltas since open()."""
@@ -136,8 +131,8 @@ class Window:
         self.postgres_cpu = pg
         python = self.python() - s["python"]
         self.python_cpu = python
-        log_now = self._log_seconds()
-        self.log_cpu = None if math.isnan(log_now) or math.isnan(s["log"]) else log_now - s["log"]
+        log_now = self.log_process() if self.log_process is not None else None
+        self.log_cpu = None if log_now is None or self._log_start is None else log_now - self._log_start
         own = self_cpu_seconds() - s["self"]
         self.client_cpu = children_cpu_seconds() - s["clients"]
         busy = machine_busy_seconds() - s["busy"]
