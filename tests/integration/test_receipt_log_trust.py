@@ -1,6 +1,6 @@
 """The receipts log against the database's own operators (API.md section 14), as the superuser:
 
-- an edited receipt, tile or entry gets no new checkpoint signed over it; the refusal is counted
+- an edited receipt, tile or entry, or a dropped operation, gets no new checkpoint signed over it; the refusal is counted
   (effect_ledger_log_refusals_total{reason}) and logged, and the proof files saved before still verify;
 - a database restored from an older copy (CREATE DATABASE ... TEMPLATE of a snapshot) is behind the
   signer: executor writes answer 503 and /readyz names log_behind_signer, until `effect-ledger
@@ -88,6 +88,12 @@ TAMPERS = {
         " WHERE tenant_id = 't1' AND level = -1 AND idx = 0",
         {"entry_mismatch"},
     ),
+    # an operation dropped (whose ID could then execute again): its row gone long before its tombstone
+    # could have expired
+    "dropped": (
+        "DELETE FROM ledger.operations WHERE tenant_id = 't1' AND operation_id = 'op-2'",
+        {"receipt_missing"},
+    ),
     "tile": (
         "UPDATE ledger.log_tiles SET data = overlay(data placing '\\x0000'::bytea from 33 for 2)"
         " WHERE tenant_id = 't1' AND level = 0 AND idx = 0",
@@ -135,6 +141,9 @@ async def test_tampered_history_gets_no_new_checkpoint(
         if what == "entry":
             r = await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)
             assert r.status_code == 500 and r.json()["code"] == "internal"
+        if what == "dropped":
+            r = await get(client, "/v1/log/proof", {"operation_id": "op-2"}, **AUDITOR)
+            assert r.status_code == 404 and r.json()["code"] == "not_found"
 
 
 @pytest.mark.storage
@@ -145,33 +154,78 @@ async def test_an_edited_leaf_in_a_partly_audited_bundle_stops_the_next_checkpoi
     the checkpoint of 7 is refused. Until round 18 the audit's cursor stopped at 3, the next audit
     checked only leaves 3..4 and 7 was signed over the edited leaf 0 (a CI run under load once met it
     in test_log_conformance.py, whose first checkpoints happened to be 3 and 5)."""
-    from effect_ledger.db.maintenance import owner_connection
-    from effect_ledger.signer import LocalSigner
-
     async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
         for i in range(7):
             await committed(client, f"op-{i}")
-    key = tmp_path / "signer.key"
-    create_key(key, "effect-ledger.local")
-    signer = LocalSigner(FileSigner(key, tmp_path / "state"))
-    config = receipt_log.LogConfig("effect-ledger.local", 1)
-    guard, refused = receipt_log.LogGuard(), []
-    owner = await owner_connection(settings)
+    async with Checkpointing(settings, tmp_path) as log:
+        assert [await log.grow_and_sign(3), await log.grow_and_sign(5)] == [3, 5]
+        assert await log.owner.execute(TAMPERS["entry"][0]) == "UPDATE 1"
+        assert await log.grow_and_sign(7) is None
+        assert log.refused == ["entry_mismatch"] and await log.signed_size() == 5
 
-    async def grow_and_sign(to: int) -> int | None:
-        before = (await signer.states()).get("effect-ledger.local/t1")
-        assert await receipt_log.integrate_tenant(owner, "t1", to - (before.size if before else 0)) > 0
+
+class Checkpointing:
+    """The integrator and the checkpointer driven step by step (no service running): an in-process
+    signer, one guard, the refusals in a list."""
+
+    def __init__(self, settings: Settings, tmp_path: Path) -> None:
+        self.settings = settings
+        key = tmp_path / "signer.key"
+        create_key(key, "effect-ledger.local")
+        from effect_ledger.signer import LocalSigner
+
+        self.signer = LocalSigner(FileSigner(key, tmp_path / "state"))
+        self.guard = receipt_log.LogGuard()
+        self.refused: list[str] = []
+
+    async def __aenter__(self) -> Checkpointing:
+        from effect_ledger.db.maintenance import owner_connection
+
+        self.owner = await owner_connection(self.settings)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.owner.close()
+
+    async def signed_size(self) -> int:
+        done = (await self.signer.states()).get("effect-ledger.local/t1")
+        return done.size if done else 0
+
+    async def grow_and_sign(self, to: int, tombstone_days: int = 400) -> int | None:
+        before = (await self.signer.states()).get("effect-ledger.local/t1")
+        size = await self.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") or 0
+        if to > size:
+            assert await receipt_log.integrate_tenant(self.owner, "t1", to - size) == to - size
+        config = receipt_log.LogConfig("effect-ledger.local", 1, tombstone_days)
         return await receipt_log.checkpoint_tenant(
-            owner, "t1", signer, config, before, lambda reason, _: refused.append(reason), guard
+            self.owner, "t1", self.signer, config, before, lambda why, _: self.refused.append(why), self.guard
         )
 
-    try:
-        assert [await grow_and_sign(3), await grow_and_sign(5)] == [3, 5]
-        assert await owner.execute(TAMPERS["entry"][0]) == "UPDATE 1"
-        assert await grow_and_sign(7) is None
-        assert refused == ["entry_mismatch"] and (await signer.states())["effect-ledger.local/t1"].size == 5
-    finally:
-        await owner.close()
+
+@pytest.mark.storage
+async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tombstone_could_have_expired(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """A logged operation's row may vanish only when its tombstone expires, TOMBSTONE_DAYS after its
+    last change (never before its commit). A row gone sooner was dropped by someone who can write the
+    database (the ID could execute again): `receipt_missing`, nothing signed. Until round 18 the
+    checkpointer took every missing row for an expired tombstone. With TOMBSTONE_DAYS 0 the same row
+    could have expired, and the log is signed."""
+    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
+        for i in range(7):
+            await committed(client, f"op-{i}")
+    async with Checkpointing(settings, tmp_path) as log:
+        assert await log.grow_and_sign(5) == 5
+        admin = await asyncpg.connect(db_url)  # the database's superuser
+        try:
+            await admin.execute(TAMPERS["dropped"][0])
+        finally:
+            await admin.close()
+        assert await log.grow_and_sign(6) is None
+        assert log.refused == ["receipt_missing"] and await log.signed_size() == 5
+        log.guard = receipt_log.LogGuard()  # a new process (a tenant found edited stays unsigned in one)
+        assert await log.grow_and_sign(7, tombstone_days=0) == 7
+        assert log.refused == ["receipt_missing"]
 
 
 def test_the_audit_covers_the_signed_log_in_whole_bundles_round_robin() -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -327,6 +327,7 @@ async def integrate(
 class LogConfig:
     origin_prefix: str
     checkpoint_seconds: int
+    tombstone_days: int = 400  # a logged operation's row may vanish (its tombstone expired) only after this
 
 
 class _Checked(msgspec.Struct, gc=False):
@@ -336,14 +337,31 @@ class _Checked(msgspec.Struct, gc=False):
     operation_id: Any = None
     receipt_digest: Any = None
     chain_hash: Any = None
+    committed_at: Any = None  # read only when the operation's row is gone
 
 
 _decode_entry = msgspec.json.Decoder(_Checked).decode
 
 
-async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, new: int) -> str | None:
+def _may_have_expired(leaf: _Checked, tombstone_days: int) -> bool:
+    """Whether a logged operation whose row is gone can have left by its tombstone's expiry: a tombstone
+    expires TOMBSTONE_DAYS after its last change, which is never before the commit. A row gone sooner
+    was deleted: the operation was dropped (and its ID could execute again)."""
+    try:
+        committed = datetime.fromisoformat(str(leaf.committed_at))
+    except ValueError:
+        return False
+    if committed.tzinfo is None:
+        return False
+    return committed < datetime.now(UTC) - timedelta(days=tombstone_days)
+
+
+async def _check_new_entries(
+    conn: asyncpg.Connection, tenant: str, old: int, new: int, tombstone_days: int
+) -> str | None:
     """The entries appended since the signed size must hash to the level-0 tile hashes, and each
-    leaf's receipt digest must still be its operation's; the first failure's reason, else None."""
+    leaf's receipt digest must still be its operation's (a row gone before its tombstone could have
+    expired: `receipt_missing`); the first failure's reason, else None."""
     first, last = old // TILE_WIDTH, (new - 1) // TILE_WIDTH
     keys = {(lvl, n) for n in range(first, last + 1) for lvl in (ENTRIES, 0)}
     got = await _fetch_tiles(conn, tenant, keys)
@@ -374,7 +392,9 @@ async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, ne
         for leaf in part:
             row = current.get(leaf.operation_id)
             if row is None:
-                continue  # expired tombstone: nothing left to compare
+                if _may_have_expired(leaf, tombstone_days):
+                    continue  # an expired tombstone: nothing left to compare
+                return "receipt_missing"
             if leaf.receipt_digest != (_digest_of(row) or "") or leaf.chain_hash != row["chain_hash"]:
                 return "receipt_mismatch"
         await asyncio.sleep(0)
@@ -412,9 +432,10 @@ async def checkpoint_tenant(
         if reason is None and computed != root:
             reason = "root_mismatch"
         if reason is None:
-            reason = await _check_new_entries(conn, tenant, old.size, size)
+            reason = await _check_new_entries(conn, tenant, old.size, size, config.tombstone_days)
         if reason is None and old.size > 0:
-            reason = await _check_new_entries(conn, tenant, *guard.audit_range(tenant, old.size))
+            start, end = guard.audit_range(tenant, old.size)
+            reason = await _check_new_entries(conn, tenant, start, end, config.tombstone_days)
         if reason is not None:
             guard.tainted[tenant] = reason
         if reason is None:
@@ -459,7 +480,8 @@ async def audit_idle(
         if await _computed(conn, tenant, lambda read: merkle.tree_root(size, read)) != root:
             reason = "root_mismatch"
         else:
-            reason = await _check_new_entries(conn, tenant, *guard.audit_range(tenant, size))
+            start, end = guard.audit_range(tenant, size)
+            reason = await _check_new_entries(conn, tenant, start, end, config.tombstone_days)
     if reason is not None:
         guard.tainted[tenant] = reason
         refuse(reason, tenant)
@@ -662,7 +684,7 @@ async def background_log(
         yield
         return
     signer = signer_from_settings(settings)
-    config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds)
+    config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds, settings.tombstone_days)
     if _ELSEWHERE[0] if guard_only is None else guard_only:
         async with _watching_guard(settings, signer, config, guard):
             yield
