@@ -94,6 +94,14 @@ TAMPERS = {
         "DELETE FROM ledger.operations WHERE tenant_id = 't1' AND operation_id = 'op-2'",
         {"receipt_missing"},
     ),
+    "tile deleted": (
+        "DELETE FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = 0 AND idx = 0",
+        {"root_mismatch", "entry_mismatch"},
+    ),
+    "bundle deleted": (
+        "DELETE FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1 AND idx = 0",
+        {"entry_mismatch"},
+    ),
     "tile": (
         "UPDATE ledger.log_tiles SET data = overlay(data placing '\\x0000'::bytea from 33 for 2)"
         " WHERE tenant_id = 't1' AND level = 0 AND idx = 0",

@@ -131,6 +131,22 @@ async def _computed(
     return compute(lambda nodes: tiles.read_nodes(nodes, got))
 
 
+class TilesDamaged(Exception):
+    """The stored tiles do not hold the tree the log's state says they do (a tile deleted or cut)."""
+
+
+async def _tile_root(
+    conn: asyncpg.Connection, tenant: str, size: int, have: Mapping[TileKey, bytes] = {}
+) -> bytes | None:
+    """The root of the first `size` leaves from the stored tiles; None when a tile it needs is missing
+    or too narrow (deleted or cut in the database): a root that cannot be recomputed matches nothing."""
+    try:
+        root: bytes = await _computed(conn, tenant, lambda read: merkle.tree_root(size, read), have)
+    except LookupError:
+        return None
+    return root
+
+
 def _digest_of(row: Mapping[str, Any]) -> str | None:
     """The receipt digest a row's leaf carries: its receipt's, or the one a tombstone kept."""
     receipt = row["receipt"]
@@ -166,7 +182,10 @@ async def append_leaves(
     bundle_key = (ENTRIES, size // TILE_WIDTH)
     have = await _fetch_tiles(conn, tenant, {(r.level, r.index) for r in edge_refs} | {bundle_key})
     edge_map = {r.level: have.get((r.level, r.index), b"")[: r.width * 32] for r in edge_refs}
-    changed = tiles.append(size, edge_map, hashes)
+    try:
+        changed = tiles.append(size, edge_map, hashes)
+    except ValueError as damaged:  # an edge tile narrower than the log's size says: deleted or cut
+        raise TilesDamaged(str(damaged)) from None
     entries = tiles.decode_bundle(have.get(bundle_key, b""))[: size % TILE_WIDTH]
     bundle_widths: dict[int, int] = {}  # each written bundle's entries (not decoded again to count)
     index = size
@@ -180,7 +199,9 @@ async def append_leaves(
             if len(entries) == TILE_WIDTH:
                 entries = []
     new_size = size + len(data)
-    root = await _computed(conn, tenant, lambda read: merkle.tree_root(new_size, read), changed)
+    root = await _tile_root(conn, tenant, new_size, changed)
+    if root is None:
+        raise TilesDamaged(f"the tiles of a log of size {size} lack nodes of its tree")
     rows = []
     for (level, idx), blob in sorted(changed.items()):
         width = bundle_widths[idx] if level == ENTRIES else len(blob) // 32
@@ -289,7 +310,12 @@ async def integrate_tenant(
                 await asyncio.sleep(0)
         if not data:
             return 0
-        await append_leaves(conn, tenant, size, data)
+        try:
+            await append_leaves(conn, tenant, size, data)
+        except TilesDamaged:  # nothing written yet; refused (and counted) each pass until repaired
+            refuse("root_mismatch", tenant)
+            log.error("log_tiles_damaged", tenant=tenant, size=size)
+            return 0
     return len(data)
 
 
@@ -428,8 +454,7 @@ async def checkpoint_tenant(
         if size <= old.size:
             return None
         reason = guard.tainted.get(tenant)
-        computed = await _computed(conn, tenant, lambda read: merkle.tree_root(size, read))
-        if reason is None and computed != root:
+        if reason is None and await _tile_root(conn, tenant, size) != root:
             reason = "root_mismatch"
         if reason is None:
             reason = await _check_new_entries(conn, tenant, old.size, size, config.tombstone_days)
@@ -438,8 +463,15 @@ async def checkpoint_tenant(
             reason = await _check_new_entries(conn, tenant, start, end, config.tombstone_days)
         if reason is not None:
             guard.tainted[tenant] = reason
+        proof: list[bytes] | None = None
         if reason is None:
-            proof = await _computed(conn, tenant, lambda read: merkle.consistency_proof(old.size, size, read))
+            try:
+                proof = await _computed(
+                    conn, tenant, lambda read: merkle.consistency_proof(old.size, size, read)
+                )
+            except LookupError:  # a tile of the signed part is gone (the new part's were all read above)
+                reason = "root_mismatch"
+        if proof is not None:
             try:
                 note = await signer.sign(origin, size, root, proof)
             except SignRefused as refused:
@@ -477,7 +509,7 @@ async def audit_idle(
     async with conn.transaction():
         await conn.fetchrow(sql("tenant_context"), tenant)
         reason = None
-        if await _computed(conn, tenant, lambda read: merkle.tree_root(size, read)) != root:
+        if await _tile_root(conn, tenant, size) != root:
             reason = "root_mismatch"
         else:
             start, end = guard.audit_range(tenant, size)
