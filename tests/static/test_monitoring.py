@@ -16,7 +16,8 @@ from support.k8s_manifests import APP, BUILDS, K8S, build, one
 MONITORING = K8S / "base" / "monitoring"
 DASHBOARD_FILE = MONITORING / "effect-ledger-dashboard.json"
 # The list: unknown outcomes waiting, lease expiries rising, 5xx rate, 429 per route,
-# pool saturation (and its consequence, shedding), purge falling behind.
+# pool saturation (and its consequence, shedding), purge falling behind; and the receipts log's
+# refusals, which API.md section 14 says are alerted on.
 ALERTS = {
     "EffectLedgerUnknownOutcomeWaiting",
     "EffectLedgerLeaseExpiriesRising",
@@ -25,6 +26,7 @@ ALERTS = {
     "EffectLedgerPoolSaturated",
     "EffectLedgerLoadShedding",
     "EffectLedgerPurgeBehind",
+    "EffectLedgerLogRefused",
 }
 builds = pytest.mark.parametrize("name", BUILDS)
 
