@@ -172,6 +172,29 @@ async def test_an_edited_leaf_in_a_partly_audited_bundle_stops_the_next_checkpoi
         assert log.refused == ["entry_mismatch"] and await log.signed_size() == 5
 
 
+@pytest.mark.storage
+async def test_a_committed_operation_dropped_before_it_was_logged_stops_the_log_with_a_refusal(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """Its place on the feed has no operation behind it any more: the log stops in front of it (leaf
+    i is the receipt at position i+1, so nothing after it can be logged either) and counts `feed_gap`
+    each pass. Until round 18 it only logged a warning, and no alert could see it."""
+    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
+        for i in range(7):
+            await committed(client, f"op-{i}")
+    admin = await asyncpg.connect(db_url)  # the database's superuser
+    try:
+        assert await admin.execute(TAMPERS["dropped"][0].replace("op-2", "op-3")) == "DELETE 1"
+    finally:
+        await admin.close()
+    async with Checkpointing(settings, tmp_path) as log:
+        refuse = lambda why, _: log.refused.append(why)  # noqa: E731
+        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, refuse) == 3  # op-0 .. op-2
+        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, refuse) == 0
+        assert log.refused == ["feed_gap", "feed_gap"]
+        assert await log.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") == 3
+
+
 class Checkpointing:
     """The integrator and the checkpointer driven step by step (no service running): an in-process
     signer, one guard, the refusals in a list."""

@@ -291,8 +291,11 @@ async def integrate_tenant(
         data = []
         salts = os.urandom(32 * len(rows))  # one system call a batch, not one a leaf
         for k, row in enumerate(rows):
-            if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else
-                log.warning("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
+            if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else: a
+                # position whose committed operation is gone (deleted in the database, or a tombstone
+                # expired before the log had it) stops the log for good, so it is a refusal (alerted on)
+                refuse("feed_gap", tenant)
+                log.error("log_feed_gap", tenant=tenant, expected=size + 1 + k, found=row["feed_position"])
                 break
             if row["operation_id"] in checked.purged:  # the next pass logs its tombstone: no edit
                 log.info(
