@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from effect_ledger.db import receipt_log
-from effect_ledger.domain import tiles
+from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.note import parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
 from effect_ledger.settings import Settings, SettingsError
@@ -193,6 +193,43 @@ async def test_a_committed_operation_dropped_before_it_was_logged_stops_the_log_
         assert await receipt_log.integrate_tenant(log.owner, "t1", 10, refuse) == 0
         assert log.refused == ["feed_gap", "feed_gap"]
         assert await log.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") == 3
+
+
+@pytest.mark.storage
+async def test_a_leaf_rewritten_with_its_tile_and_root_is_found_by_the_idle_audit(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """A careful edit of a signed, idle log: leaf 0's principal changed in its bundle, its hash in the
+    level-0 tile and log_state.root rewritten to match, so the database agrees with itself and the
+    receipt digest and chain head the audit compares are untouched. The idle audit compares the tiles'
+    root with the root the signer signed (its own state, outside the database) and refuses. Until round
+    18 it compared with log_state.root and passed (only a later checkpoint, at the signer, would have
+    seen it)."""
+    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
+        for i in range(5):
+            await committed(client, f"op-{i}")
+    async with Checkpointing(settings, tmp_path) as log:
+        assert await log.grow_and_sign(5) == 5
+        admin = await asyncpg.connect(db_url)  # the database's superuser
+        try:
+            tile_rows = "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
+            entries = tiles.decode_bundle(await admin.fetchval(tile_rows, tiles.ENTRIES))
+            leaf = json.loads(entries[0])
+            leaf["principal"] = "someone-else"
+            entries[0] = json.dumps(leaf, sort_keys=True, separators=(",", ":")).encode()
+            hashes = [merkle.leaf_hash(e) for e in entries]
+            put = "UPDATE ledger.log_tiles SET data = $2 WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
+            await admin.execute(put, tiles.ENTRIES, tiles.encode_bundle(entries))
+            await admin.execute(put, 0, b"".join(hashes))
+            await admin.execute(
+                "UPDATE ledger.log_state SET root = $1 WHERE tenant_id = 't1'", merkle.naive_root(hashes)
+            )
+        finally:
+            await admin.close()
+        config = receipt_log.LogConfig("effect-ledger.local", 1)
+        refuse = lambda why, _: log.refused.append(why)  # noqa: E731
+        assert await receipt_log.checkpoint(log.owner, log.signer, config, log.guard, refuse) == []
+        assert log.refused == ["root_mismatch"] and await log.signed_size() == 5
 
 
 class Checkpointing:

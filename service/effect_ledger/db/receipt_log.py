@@ -498,17 +498,21 @@ async def audit_idle(
     guard: LogGuard,
     refuse: Refuse,
     now: float,
+    signed: Signed,
 ) -> None:
     """A log that did not grow is audited all the same, at most every LOG_CHECKPOINT_SECONDS while it
-    was signed within the last hour: the root from its tiles, and AUDIT_BUNDLES bundles (round robin)
-    against their tiles and receipts. What it finds is a refusal, and the tenant stays unsigned."""
+    was signed within the last hour: the root from its tiles against the root the signer signed (its
+    own state, outside the database: since round 18, not the database's `log_state.root`, which an
+    edit of a leaf could have rewritten along with its tile hashes), and AUDIT_BUNDLES bundles (round
+    robin) against their tiles and receipts. What it finds is a refusal, and the tenant stays
+    unsigned."""
     signed_at = row["signed_at"]
     if tenant in guard.tainted or signed_at is None or now - signed_at.timestamp() > IDLE_AUDIT_HORIZON:
         return
     if now - guard.audited_at.get(tenant, 0.0) < config.checkpoint_seconds:
         return
     guard.audited_at[tenant] = now
-    size, root = int(row["size"]), bytes(row["root"])
+    size, root = signed.size, signed.root
     async with conn.transaction():
         await conn.fetchrow(sql("tenant_context"), tenant)
         reason = None
@@ -582,8 +586,9 @@ async def checkpoint(
     for tenant, row in rows.items():
         if tenant in behind or row["size"] == 0:
             continue
-        if row["signed_size"] is not None and row["size"] <= row["signed_size"]:
-            await audit_idle(conn, tenant, row, config, guard, refuse, now)
+        done = states.get(prefix + tenant)
+        if done is not None and row["size"] <= done.size:  # idle, by the signer's own state
+            await audit_idle(conn, tenant, row, config, guard, refuse, now, done)
             continue
         last = row["signed_at"]
         if last is not None and now - last.timestamp() < config.checkpoint_seconds:
