@@ -195,6 +195,54 @@ async def test_a_committed_operation_dropped_before_it_was_logged_stops_the_log_
         assert await log.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") == 3
 
 
+async def rewrite_leaf_0(db_url: str) -> None:
+    """As the database's superuser: leaf 0's principal changed in its bundle, its hash in the level-0
+    tile and log_state.root rewritten to match (a log of at most 256 leaves), so the database agrees
+    with itself, and the receipt digest and chain head the checks compare are untouched."""
+    admin = await asyncpg.connect(db_url)
+    try:
+        tile_rows = "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
+        entries = tiles.decode_bundle(await admin.fetchval(tile_rows, tiles.ENTRIES))
+        leaf = json.loads(entries[0])
+        leaf["principal"] = "someone-else"
+        entries[0] = json.dumps(leaf, sort_keys=True, separators=(",", ":")).encode()
+        hashes = [merkle.leaf_hash(e) for e in entries]
+        put = "UPDATE ledger.log_tiles SET data = $2 WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
+        await admin.execute(put, tiles.ENTRIES, tiles.encode_bundle(entries))
+        await admin.execute(put, 0, b"".join(hashes))
+        await admin.execute(
+            "UPDATE ledger.log_state SET root = $1 WHERE tenant_id = 't1'", merkle.naive_root(hashes)
+        )
+    finally:
+        await admin.close()
+
+
+@pytest.mark.storage
+async def test_a_rewritten_leaf_gets_no_proof_that_would_not_verify(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """The same careful edit under a running service: the proof endpoint checks the inclusion proof it
+    built against the root the checkpoint's note signs, and answers 500 with an incident instead of a
+    proof no verifier accepts (until round 18 it served one). A leaf's bundle deleted is the same 500,
+    not 409 not_yet_logged."""
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        for i in range(5):
+            await committed(client, f"op-{i}")
+        await wait_for_size(client, 5)
+        assert (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).status_code == 200
+        await rewrite_leaf_0(db_url)
+        for op in ("op-0", "op-3"):  # op-3's proof carries the rewritten leaf's hash in its path
+            r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
+            assert r.status_code == 500 and r.json()["code"] == "internal", (op, r.text)
+        admin = await asyncpg.connect(db_url)
+        try:
+            await admin.execute(TAMPERS["bundle deleted"][0])
+        finally:
+            await admin.close()
+        r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
+        assert r.status_code == 500 and r.json()["code"] == "internal", r.text
+
+
 @pytest.mark.storage
 async def test_a_leaf_rewritten_with_its_tile_and_root_is_found_by_the_idle_audit(
     settings: Settings, db_url: str, tmp_path: Path
@@ -210,22 +258,7 @@ async def test_a_leaf_rewritten_with_its_tile_and_root_is_found_by_the_idle_audi
             await committed(client, f"op-{i}")
     async with Checkpointing(settings, tmp_path) as log:
         assert await log.grow_and_sign(5) == 5
-        admin = await asyncpg.connect(db_url)  # the database's superuser
-        try:
-            tile_rows = "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
-            entries = tiles.decode_bundle(await admin.fetchval(tile_rows, tiles.ENTRIES))
-            leaf = json.loads(entries[0])
-            leaf["principal"] = "someone-else"
-            entries[0] = json.dumps(leaf, sort_keys=True, separators=(",", ":")).encode()
-            hashes = [merkle.leaf_hash(e) for e in entries]
-            put = "UPDATE ledger.log_tiles SET data = $2 WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
-            await admin.execute(put, tiles.ENTRIES, tiles.encode_bundle(entries))
-            await admin.execute(put, 0, b"".join(hashes))
-            await admin.execute(
-                "UPDATE ledger.log_state SET root = $1 WHERE tenant_id = 't1'", merkle.naive_root(hashes)
-            )
-        finally:
-            await admin.close()
+        await rewrite_leaf_0(db_url)
         config = receipt_log.LogConfig("effect-ledger.local", 1)
         refuse = lambda why, _: log.refused.append(why)  # noqa: E731
         assert await receipt_log.checkpoint(log.owner, log.signer, config, log.guard, refuse) == []

@@ -43,7 +43,7 @@ from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest
-from effect_ledger.domain.note import NoteError, note_signed_by, parse_note, parse_vkey
+from effect_ledger.domain.note import NoteError, note_signed_by, parse_checkpoint, parse_note, parse_vkey
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
@@ -664,14 +664,29 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
         bundle = (await _fetch_tiles(conn, tenant, {(ENTRIES, index // TILE_WIDTH)})).get(
             (ENTRIES, index // TILE_WIDTH)
         )
-        if bundle is None:
-            raise not_yet_logged(retry_after)
-        leaf = tiles.decode_bundle(bundle)[index % TILE_WIDTH]
-        proof = await _computed(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
-        level0 = await _computed(conn, tenant, lambda read: read([(0, index)])[0])
+        entries = tiles.decode_bundle(bundle) if bundle is not None else []
+        if len(entries) <= index % TILE_WIDTH:  # a signed leaf's bundle is gone or cut short
+            log.error("log_entry_mismatch", tenant=tenant, index=index)
+            raise LogTampered("entry_mismatch")
+        leaf = entries[index % TILE_WIDTH]
+        try:
+            proof = await _computed(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
+            level0 = await _computed(conn, tenant, lambda read: read([(0, index)])[0])
+        except LookupError:  # a tile the proof needs is gone or cut short
+            log.error("log_tile_missing", tenant=tenant, index=index)
+            raise LogTampered("root_mismatch") from None
         if level0 != leaf_hash(leaf):  # the stored entry was changed after it was logged
             log.error("log_entry_mismatch", tenant=tenant, index=index)
             raise LogTampered("entry_mismatch")
+        # and the proof must verify against the root the checkpoint's note signs (round 18: a leaf
+        # rewritten with its tile hashes was served with a proof that no verifier accepts)
+        try:
+            signed_root = parse_checkpoint(parse_note(row["note"]).text).root
+        except NoteError:
+            signed_root = b""  # a stored note that no longer parses proves nothing either
+        if not merkle.verify_inclusion(index, size, level0, proof, signed_root):
+            log.error("log_proof_mismatch", tenant=tenant, index=index)
+            raise LogTampered("root_mismatch")
     return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
 
 
