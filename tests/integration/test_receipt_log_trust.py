@@ -292,12 +292,12 @@ class Checkpointing:
         done = (await self.signer.states()).get("effect-ledger.local/t1")
         return done.size if done else 0
 
-    async def grow_and_sign(self, to: int, tombstone_days: int = 400) -> int | None:
+    async def grow_and_sign(self, to: int) -> int | None:
         before = (await self.signer.states()).get("effect-ledger.local/t1")
         size = await self.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") or 0
         if to > size:
             assert await receipt_log.integrate_tenant(self.owner, "t1", to - size) == to - size
-        config = receipt_log.LogConfig("effect-ledger.local", 1, tombstone_days)
+        config = receipt_log.LogConfig("effect-ledger.local", 1)
         return await receipt_log.checkpoint_tenant(
             self.owner, "t1", self.signer, config, before, lambda why, _: self.refused.append(why), self.guard
         )
@@ -307,26 +307,30 @@ class Checkpointing:
 async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tombstone_could_have_expired(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
-    """A logged operation's row may vanish only when its tombstone expires, TOMBSTONE_DAYS after its
-    last change (never before its commit). A row gone sooner was dropped by someone who can write the
-    database (the ID could execute again): `receipt_missing`, nothing signed. Until round 18 the
-    checkpointer took every missing row for an expired tombstone. With TOMBSTONE_DAYS 0 the same row
-    could have expired, and the log is signed."""
+    """A committed operation's row lives at least MIN_ROW_DAYS (2) after its commit under any settings
+    (RETENTION_DAYS >= 1 to its tombstone, TOMBSTONE_DAYS >= RETENTION_DAYS to its expiry). A logged
+    row gone sooner was dropped by someone who can write the database (its ID could execute again):
+    `receipt_missing`, nothing signed. Until round 18 the checkpointer took every missing row for an
+    expired tombstone. A row committed three days ago may have expired: its absence is no refusal."""
     async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
         for i in range(7):
             await committed(client, f"op-{i}")
-    async with Checkpointing(settings, tmp_path) as log:
-        assert await log.grow_and_sign(5) == 5
-        admin = await asyncpg.connect(db_url)  # the database's superuser
-        try:
-            await admin.execute(TAMPERS["dropped"][0])
-        finally:
-            await admin.close()
-        assert await log.grow_and_sign(6) is None
-        assert log.refused == ["receipt_missing"] and await log.signed_size() == 5
-        log.guard = receipt_log.LogGuard()  # a new process (a tenant found edited stays unsigned in one)
-        assert await log.grow_and_sign(7, tombstone_days=0) == 7
-        assert log.refused == ["receipt_missing"]
+    admin = await asyncpg.connect(db_url)  # the database's superuser
+    try:
+        # op-1 committed three days ago (its leaf's committed_at is the row's resolved_at)
+        await admin.execute(
+            "UPDATE ledger.operations SET resolved_at = resolved_at - interval '3 days'"
+            " WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+        )
+        async with Checkpointing(settings, tmp_path) as log:
+            assert await log.grow_and_sign(5) == 5
+            assert await admin.execute(TAMPERS["dropped"][0].replace("op-2", "op-1")) == "DELETE 1"
+            assert await log.grow_and_sign(6) == 6  # op-1 could have expired: signed
+            assert await admin.execute(TAMPERS["dropped"][0]) == "DELETE 1"  # op-2, committed just now
+            assert await log.grow_and_sign(7) is None
+            assert log.refused == ["receipt_missing"] and await log.signed_size() == 6
+    finally:
+        await admin.close()
 
 
 def test_the_audit_covers_the_signed_log_in_whole_bundles_round_robin() -> None:

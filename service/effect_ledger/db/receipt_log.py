@@ -356,7 +356,6 @@ async def integrate(
 class LogConfig:
     origin_prefix: str
     checkpoint_seconds: int
-    tombstone_days: int = 400  # a logged operation's row may vanish (its tombstone expired) only after this
 
 
 class _Checked(msgspec.Struct, gc=False):
@@ -372,22 +371,27 @@ class _Checked(msgspec.Struct, gc=False):
 _decode_entry = msgspec.json.Decoder(_Checked).decode
 
 
-def _may_have_expired(leaf: _Checked, tombstone_days: int) -> bool:
-    """Whether a logged operation whose row is gone can have left by its tombstone's expiry: a tombstone
-    expires TOMBSTONE_DAYS after its last change, which is never before the commit. A row gone sooner
-    was deleted: the operation was dropped (and its ID could execute again)."""
+# The shortest life a committed operation's row can have under any configuration: the purge makes it a
+# tombstone RETENTION_DAYS (at least 1) after its last change, the tombstone expires TOMBSTONE_DAYS (at
+# least RETENTION_DAYS) after that. Settings can change between the two (an operator raising
+# TOMBSTONE_DAYS must not make yesterday's expiries look like deletions), so the floors decide.
+MIN_ROW_DAYS = 2
+
+
+def _may_have_expired(leaf: _Checked) -> bool:
+    """Whether a logged operation whose row is gone can have left by its tombstone's expiry: never
+    within MIN_ROW_DAYS of its commit. A row gone sooner was deleted: the operation was dropped (and
+    its ID could execute again)."""
     try:
         committed = datetime.fromisoformat(str(leaf.committed_at))
     except ValueError:
         return False
     if committed.tzinfo is None:
         return False
-    return committed < datetime.now(UTC) - timedelta(days=tombstone_days)
+    return committed < datetime.now(UTC) - timedelta(days=MIN_ROW_DAYS)
 
 
-async def _check_new_entries(
-    conn: asyncpg.Connection, tenant: str, old: int, new: int, tombstone_days: int
-) -> str | None:
+async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, new: int) -> str | None:
     """The entries appended since the signed size must hash to the level-0 tile hashes, and each
     leaf's receipt digest must still be its operation's (a row gone before its tombstone could have
     expired: `receipt_missing`); the first failure's reason, else None."""
@@ -421,7 +425,7 @@ async def _check_new_entries(
         for leaf in part:
             row = current.get(leaf.operation_id)
             if row is None:
-                if _may_have_expired(leaf, tombstone_days):
+                if _may_have_expired(leaf):
                     continue  # an expired tombstone: nothing left to compare
                 return "receipt_missing"
             if leaf.receipt_digest != (_digest_of(row) or "") or leaf.chain_hash != row["chain_hash"]:
@@ -460,10 +464,10 @@ async def checkpoint_tenant(
         if reason is None and await _tile_root(conn, tenant, size) != root:
             reason = "root_mismatch"
         if reason is None:
-            reason = await _check_new_entries(conn, tenant, old.size, size, config.tombstone_days)
+            reason = await _check_new_entries(conn, tenant, old.size, size)
         if reason is None and old.size > 0:
             start, end = guard.audit_range(tenant, old.size)
-            reason = await _check_new_entries(conn, tenant, start, end, config.tombstone_days)
+            reason = await _check_new_entries(conn, tenant, start, end)
         if reason is not None:
             guard.tainted[tenant] = reason
         proof: list[bytes] | None = None
@@ -520,7 +524,7 @@ async def audit_idle(
             reason = "root_mismatch"
         else:
             start, end = guard.audit_range(tenant, size)
-            reason = await _check_new_entries(conn, tenant, start, end, config.tombstone_days)
+            reason = await _check_new_entries(conn, tenant, start, end)
     if reason is not None:
         guard.tainted[tenant] = reason
         refuse(reason, tenant)
@@ -739,7 +743,7 @@ async def background_log(
         yield
         return
     signer = signer_from_settings(settings)
-    config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds, settings.tombstone_days)
+    config = LogConfig(settings.log_origin, settings.log_checkpoint_seconds)
     if _ELSEWHERE[0] if guard_only is None else guard_only:
         async with _watching_guard(settings, signer, config, guard):
             yield
