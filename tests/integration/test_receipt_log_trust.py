@@ -19,6 +19,7 @@ import secrets
 import subprocess
 import threading
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -317,10 +318,13 @@ async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tom
             await committed(client, f"op-{i}")
     admin = await asyncpg.connect(db_url)  # the database's superuser
     try:
-        # op-1 committed three days ago (its leaf's committed_at is the row's resolved_at)
+        # op-1 committed three days ago (its leaf's committed_at is the row's resolved_at; the value is
+        # computed here: Citus refuses a STABLE `timestamptz - interval` over a column in an UPDATE)
+        op_1 = "WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+        resolved = await admin.fetchval(f"SELECT resolved_at FROM ledger.operations {op_1}")
         await admin.execute(
-            "UPDATE ledger.operations SET resolved_at = resolved_at - interval '3 days'"
-            " WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+            f"UPDATE ledger.operations SET resolved_at = $1 {op_1}",
+            resolved - timedelta(days=3),
         )
         async with Checkpointing(settings, tmp_path) as log:
             assert await log.grow_and_sign(5) == 5
