@@ -62,6 +62,7 @@ from support.replication import (
     ReplicationLink,
     Template,
     make_standby,
+    run,
     scratch_root,
     wait_streaming,
 )
@@ -154,7 +155,7 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
     primary.configure(synchronous_standby_names=STANDBY_NAME if sync else "", synchronous_commit="on")
     history = History()
     try:
-        async with ReplicationLink(primary.port) as link:
+        async with ReplicationLink(primary) as link:
             make_standby(standby, link.port)
             await asyncio.to_thread(primary.start)
             await asyncio.to_thread(standby.start)
@@ -296,7 +297,7 @@ async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_t
         "?target_session_attrs=read-write"
     )
     try:
-        async with ReplicationLink(primary.port) as link:
+        async with ReplicationLink(primary) as link:
             make_standby(standby, link.port)
             await asyncio.to_thread(primary.start)
             await asyncio.to_thread(standby.start)
@@ -363,7 +364,7 @@ async def test_a_write_waiting_for_its_synchronous_standby_is_never_cancelled_by
     standby = pg_template.copy(root, "standby")
     primary.configure(synchronous_standby_names=STANDBY_NAME)
     try:
-        async with ReplicationLink(primary.port) as link:
+        async with ReplicationLink(primary) as link:
             make_standby(standby, link.port)
             await asyncio.to_thread(primary.start)
             await asyncio.to_thread(standby.start)
@@ -411,4 +412,25 @@ async def test_a_write_waiting_for_its_synchronous_standby_is_never_cancelled_by
     finally:
         await asyncio.to_thread(standby.stop)
         await asyncio.to_thread(primary.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_whose_port_was_taken_before_its_first_start_moves_to_another(pg_template: Template) -> None:
+    """free_port's ports are ephemeral ones: an outgoing connection may take one before PostgreSQL binds
+    it (a CI run's standby failed to start that way). The first start moves to a free port; the log's
+    words are in any other failure."""
+    import socket
+
+    root = scratch_root()
+    node = pg_template.copy(root, "moved")
+    taken = node.port
+    try:
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", taken))
+            squatter.listen()
+            node.start()
+        assert node.port != taken and node.started
+        assert "accepting connections" in run("pg_isready", "-h", "127.0.0.1", "-p", str(node.port))
+    finally:
+        node.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -119,6 +119,7 @@ class Node:
     name: str
     port: int = field(default_factory=free_port)
     orphans: list[int] = field(default_factory=list)  # the killed postmaster's children
+    started: bool = False  # once started, its port is known to others and never changes
 
     @property
     def data(self) -> Path:
@@ -144,20 +145,34 @@ class Node:
             conf.write("\n".join(lines) + "\n")
 
     def start(self) -> None:
-        """Start and wait until it accepts connections (a standby: read-only ones)."""
-        run(
-            "pg_ctl",
-            "-w",
-            "-t",
-            "60",
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.log),
-            "-o",
-            f"-p {self.port}",
-            "start",
-        )
+        """Start and wait until it accepts connections (a standby: read-only ones). Its first start
+        moves to another port when its own was taken meanwhile: free_port's ports are ephemeral ones,
+        which any outgoing connection of a busy machine may get as its local port (a CI run met it
+        once, the standby's start failing with nothing but "could not start server"). A failure says
+        what the server's log says."""
+        for attempt in range(3):
+            try:
+                run(
+                    "pg_ctl",
+                    "-w",
+                    "-t",
+                    "60",
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.log),
+                    "-o",
+                    f"-p {self.port}",
+                    "start",
+                )
+            except RuntimeError as failed:
+                said = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                if self.started or attempt == 2 or "Address already in use" not in said:
+                    raise RuntimeError(f"{failed}\nthe server's log:\n{said}") from None
+                self.port = free_port()
+                continue
+            self.started = True
+            return
 
     @property
     def pid(self) -> int:
@@ -268,8 +283,8 @@ class ReplicationLink:
     acknowledges what the standby never receives.
     """
 
-    def __init__(self, primary_port: int) -> None:
-        self.primary_port = primary_port
+    def __init__(self, primary: Node) -> None:
+        self.primary = primary  # its port is read at each connection (a first start may move it)
         self.port = free_port()
         self.flowing = asyncio.Event()
         self.flowing.set()
@@ -290,7 +305,7 @@ class ReplicationLink:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.primary_port)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.primary.port)
         except OSError:
             writer.transport.abort()
             return
