@@ -135,15 +135,25 @@ class TilesDamaged(Exception):
     """The stored tiles do not hold the tree the log's state says they do (a tile deleted or cut)."""
 
 
+async def _from_tiles(
+    conn: asyncpg.Connection,
+    tenant: str,
+    compute: Callable[[NodeReader], Any],
+    have: Mapping[TileKey, bytes] = {},
+) -> Any | None:
+    """_computed, or None when a tile it needs is missing or too narrow (deleted or cut in the
+    database): a root or a proof that cannot be recomputed matches nothing."""
+    try:
+        return await _computed(conn, tenant, compute, have)
+    except LookupError:
+        return None
+
+
 async def _tile_root(
     conn: asyncpg.Connection, tenant: str, size: int, have: Mapping[TileKey, bytes] = {}
 ) -> bytes | None:
-    """The root of the first `size` leaves from the stored tiles; None when a tile it needs is missing
-    or too narrow (deleted or cut in the database): a root that cannot be recomputed matches nothing."""
-    try:
-        root: bytes = await _computed(conn, tenant, lambda read: merkle.tree_root(size, read), have)
-    except LookupError:
-        return None
+    """The root of the first `size` leaves from the stored tiles (None: see _from_tiles)."""
+    root: bytes | None = await _from_tiles(conn, tenant, lambda read: merkle.tree_root(size, read), have)
     return root
 
 
@@ -468,17 +478,13 @@ async def checkpoint_tenant(
         if reason is None and old.size > 0:
             start, end = guard.audit_range(tenant, old.size)
             reason = await _check_new_entries(conn, tenant, start, end)
+        proof: list[bytes] | None = None
+        if reason is None:  # None: a tile of the signed part is gone (the new part's were read above)
+            proof = await _from_tiles(conn, tenant, lambda r: merkle.consistency_proof(old.size, size, r))
+            reason = "root_mismatch" if proof is None else None
         if reason is not None:
             guard.tainted[tenant] = reason
-        proof: list[bytes] | None = None
-        if reason is None:
-            try:
-                proof = await _computed(
-                    conn, tenant, lambda read: merkle.consistency_proof(old.size, size, read)
-                )
-            except LookupError:  # a tile of the signed part is gone (the new part's were all read above)
-                reason = "root_mismatch"
-        if proof is not None:
+        if proof is not None:  # every check passed
             try:
                 note = await signer.sign(origin, size, root, proof)
             except SignRefused as refused:
@@ -597,9 +603,7 @@ async def checkpoint(
         last = row["signed_at"]
         if last is not None and now - last.timestamp() < config.checkpoint_seconds:
             continue
-        size = await checkpoint_tenant(
-            conn, tenant, signer, config, states.get(prefix + tenant), refuse, guard
-        )
+        size = await checkpoint_tenant(conn, tenant, signer, config, done, refuse, guard)
         if size is not None:
             signed.append((tenant, size))
     return signed
@@ -668,29 +672,26 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
         bundle = (await _fetch_tiles(conn, tenant, {(ENTRIES, index // TILE_WIDTH)})).get(
             (ENTRIES, index // TILE_WIDTH)
         )
-        entries = tiles.decode_bundle(bundle) if bundle is not None else []
-        if len(entries) <= index % TILE_WIDTH:  # a signed leaf's bundle is gone or cut short
-            log.error("log_entry_mismatch", tenant=tenant, index=index)
-            raise LogTampered("entry_mismatch")
-        leaf = entries[index % TILE_WIDTH]
         try:
-            proof = await _computed(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
-            level0 = await _computed(conn, tenant, lambda read: read([(0, index)])[0])
-        except LookupError:  # a tile the proof needs is gone or cut short
-            log.error("log_tile_missing", tenant=tenant, index=index)
-            raise LogTampered("root_mismatch") from None
-        if level0 != leaf_hash(leaf):  # the stored entry was changed after it was logged
-            log.error("log_entry_mismatch", tenant=tenant, index=index)
-            raise LogTampered("entry_mismatch")
-        # and the proof must verify against the root the checkpoint's note signs (round 18: a leaf
-        # rewritten with its tile hashes was served with a proof that no verifier accepts)
+            leaf: bytes | None = tiles.decode_bundle(bundle or b"")[index % TILE_WIDTH]
+        except (ValueError, IndexError):  # the signed leaf's bundle is gone, cut short or unreadable
+            leaf = None
+        proof = await _from_tiles(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
         try:
             signed_root = parse_checkpoint(parse_note(row["note"]).text).root
         except NoteError:
             signed_root = b""  # a stored note that no longer parses proves nothing either
-        if not merkle.verify_inclusion(index, size, level0, proof, signed_root):
+        # One check for every edit after logging (the entry, a tile on its path, a root rewritten to
+        # match them): the leaf and its path must lead to the root the checkpoint's note signs. Until
+        # round 18 only the entry was compared with its level-0 tile (a second read of that tile), and a
+        # leaf rewritten with its tile hashes was served with a proof no verifier accepts.
+        if (
+            leaf is None
+            or proof is None
+            or not merkle.verify_inclusion(index, size, leaf_hash(leaf), proof, signed_root)
+        ):
             log.error("log_proof_mismatch", tenant=tenant, index=index)
-            raise LogTampered("root_mismatch")
+            raise LogTampered("the stored log no longer proves this entry")
     return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
 
 
