@@ -84,12 +84,7 @@ def worker_rss_mb(pid: int, *, log_process: bool = False) -> list[float]:
         return []
 
 
-def log_process_cpu_seconds(pid: int) -> float:
-    """CPU seconds of the server's log process (0 without one, or when it is gone)."""
-    return own_log_process_cpu_seconds(pid) or 0.0
-
-
-def own_log_process_cpu_seconds(pid: int) -> float | None:
+def log_process_cpu_seconds(pid: int) -> float | None:
     """CPU seconds of the server's log process; None when it has none (the log off) or is gone."""
     try:
         logs = _workers_and_logs(pid)[1]

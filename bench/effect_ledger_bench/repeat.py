@@ -155,7 +155,7 @@ async def one_round(
         prefix = f"rp-{time.time_ns()}"
         gen = await warmed_up(service, secret, workdir, executors, prefix)
         user0, system0, _ = tree_counters(service.pid)
-        log0 = log_process_cpu_seconds(service.pid)
+        log0 = log_process_cpu_seconds(service.pid) or 0.0  # 0: the log off
         if sampler is not None:
             sampler.name_backends(await backend_names(url))
             sampler.take()
@@ -163,7 +163,7 @@ async def one_round(
         result = await gen.cycles(executors, 0.0, seconds, prefix)
         wall = time.perf_counter() - started
         user1, system1, _ = tree_counters(service.pid)
-        log1 = log_process_cpu_seconds(service.pid)
+        log1 = log_process_cpu_seconds(service.pid) or 0.0
         spent = sampler.take() if sampler is not None else defaultdict(float)
     finally:
         await service.stop()

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from effect_ledger_bench.neighbour import rate_limit_env
-from effect_ledger_bench.procs import own_log_process_cpu_seconds, tree_cpu_seconds, worker_rss_mb
+from effect_ledger_bench.procs import log_process_cpu_seconds, tree_cpu_seconds, worker_rss_mb
 
 
 def free_port() -> int:
@@ -106,7 +106,7 @@ class ServiceProcess:
 
     def log_cpu_seconds(self) -> float | None:
         """CPU seconds of the server's log process; None when it has none (the log off)."""
-        return own_log_process_cpu_seconds(self.pid)
+        return log_process_cpu_seconds(self.pid)
 
     async def stop(self, within: float = 30.0) -> None:
         """SIGTERM (graceful shutdown), then SIGKILL of its own process group if it lingers."""
