@@ -34,6 +34,7 @@ from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
 from support.ledger import AUDITOR, CLAIM, claim, committed, get
+from support.ledger import owner as superuser
 from support.receipt_log import CLI, cli_process, log_settings
 from support.server import Service, free_port
 from support.waiting import until
@@ -163,10 +164,7 @@ async def test_an_edited_leaf_in_a_partly_audited_bundle_stops_the_next_checkpoi
     the checkpoint of 7 is refused. Until round 18 the audit's cursor stopped at 3, the next audit
     checked only leaves 3..4 and 7 was signed over the edited leaf 0 (a CI run under load once met it
     in test_log_conformance.py, whose first checkpoints happened to be 3 and 5)."""
-    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
-        for i in range(7):
-            await committed(client, f"op-{i}")
-    async with Checkpointing(settings, tmp_path) as log:
+    async with Checkpointing(settings, tmp_path, commits=7) as log:
         assert [await log.grow_and_sign(3), await log.grow_and_sign(5)] == [3, 5]
         assert await log.owner.execute(TAMPERS["entry"][0]) == "UPDATE 1"
         assert await log.grow_and_sign(7) is None
@@ -180,28 +178,18 @@ async def test_a_committed_operation_dropped_before_it_was_logged_stops_the_log_
     """Its place on the feed has no operation behind it any more: the log stops in front of it (leaf
     i is the receipt at position i+1, so nothing after it can be logged either) and counts `feed_gap`
     each pass. Until round 18 it only logged a warning, and no alert could see it."""
-    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
-        for i in range(7):
-            await committed(client, f"op-{i}")
-    admin = await asyncpg.connect(db_url)  # the database's superuser
-    try:
+    async with Checkpointing(settings, tmp_path, commits=7) as log, superuser(db_url) as admin:
         assert await admin.execute(TAMPERS["dropped"][0].replace("op-2", "op-3")) == "DELETE 1"
-    finally:
-        await admin.close()
-    async with Checkpointing(settings, tmp_path) as log:
-        refuse = lambda why, _: log.refused.append(why)  # noqa: E731
-        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, refuse) == 3  # op-0 .. op-2
-        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, refuse) == 0
-        assert log.refused == ["feed_gap", "feed_gap"]
-        assert await log.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") == 3
+        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, log.refuse) == 3  # op-0 .. op-2
+        assert await receipt_log.integrate_tenant(log.owner, "t1", 10, log.refuse) == 0
+        assert log.refused == ["feed_gap", "feed_gap"] and await log.size() == 3
 
 
 async def rewrite_leaf_0(db_url: str) -> None:
     """As the database's superuser: leaf 0's principal changed in its bundle, its hash in the level-0
     tile and log_state.root rewritten to match (a log of at most 256 leaves), so the database agrees
     with itself, and the receipt digest and chain head the checks compare are untouched."""
-    admin = await asyncpg.connect(db_url)
-    try:
+    async with superuser(db_url) as admin:
         tile_rows = "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = $1 AND idx = 0"
         entries = tiles.decode_bundle(await admin.fetchval(tile_rows, tiles.ENTRIES))
         leaf = json.loads(entries[0])
@@ -214,8 +202,6 @@ async def rewrite_leaf_0(db_url: str) -> None:
         await admin.execute(
             "UPDATE ledger.log_state SET root = $1 WHERE tenant_id = 't1'", merkle.naive_root(hashes)
         )
-    finally:
-        await admin.close()
 
 
 @pytest.mark.storage
@@ -235,11 +221,8 @@ async def test_a_rewritten_leaf_gets_no_proof_that_would_not_verify(
         for op in ("op-0", "op-3"):  # op-3's proof carries the rewritten leaf's hash in its path
             r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
             assert r.status_code == 500 and r.json()["code"] == "internal", (op, r.text)
-        admin = await asyncpg.connect(db_url)
-        try:
+        async with superuser(db_url) as admin:
             await admin.execute(TAMPERS["bundle deleted"][0])
-        finally:
-            await admin.close()
         r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
         assert r.status_code == 500 and r.json()["code"] == "internal", r.text
 
@@ -254,40 +237,49 @@ async def test_a_leaf_rewritten_with_its_tile_and_root_is_found_by_the_idle_audi
     root with the root the signer signed (its own state, outside the database) and refuses. Until round
     18 it compared with log_state.root and passed (only a later checkpoint, at the signer, would have
     seen it)."""
-    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
-        for i in range(5):
-            await committed(client, f"op-{i}")
-    async with Checkpointing(settings, tmp_path) as log:
+    async with Checkpointing(settings, tmp_path, commits=5) as log:
         assert await log.grow_and_sign(5) == 5
         await rewrite_leaf_0(db_url)
-        config = receipt_log.LogConfig("effect-ledger.local", 1)
-        refuse = lambda why, _: log.refused.append(why)  # noqa: E731
-        assert await receipt_log.checkpoint(log.owner, log.signer, config, log.guard, refuse) == []
+        assert await receipt_log.checkpoint(log.owner, log.signer, log.config, log.guard, log.refuse) == []
         assert log.refused == ["root_mismatch"] and await log.signed_size() == 5
 
 
 class Checkpointing:
-    """The integrator and the checkpointer driven step by step (no service running): an in-process
-    signer, one guard, the refusals in a list."""
+    """The integrator and the checkpointer driven step by step (no service running): `commits`
+    operations of t1 committed first with the log off, an in-process signer, one guard, the refusals
+    in a list."""
 
-    def __init__(self, settings: Settings, tmp_path: Path) -> None:
-        self.settings = settings
-        key = tmp_path / "signer.key"
-        create_key(key, "effect-ledger.local")
+    def __init__(self, settings: Settings, tmp_path: Path, commits: int) -> None:
         from effect_ledger.signer import LocalSigner
 
+        self.settings = settings
+        self.commits = commits
+        key = tmp_path / "signer.key"
+        create_key(key, "effect-ledger.local")
         self.signer = LocalSigner(FileSigner(key, tmp_path / "state"))
+        self.config = receipt_log.LogConfig("effect-ledger.local", 1)
         self.guard = receipt_log.LogGuard()
         self.refused: list[str] = []
 
     async def __aenter__(self) -> Checkpointing:
         from effect_ledger.db.maintenance import owner_connection
 
+        unlimited = replace(self.settings, rate_limit_per_second=0)
+        async with Service(unlimited) as off, off.client() as client:
+            for i in range(self.commits):
+                await committed(client, f"op-{i}")
         self.owner = await owner_connection(self.settings)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.owner.close()
+
+    def refuse(self, reason: str, tenant: str) -> None:
+        self.refused.append(reason)
+
+    async def size(self) -> int:
+        """The integrated log's size (0 before its first pass)."""
+        return int(await self.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") or 0)
 
     async def signed_size(self) -> int:
         done = (await self.signer.states()).get("effect-ledger.local/t1")
@@ -295,12 +287,11 @@ class Checkpointing:
 
     async def grow_and_sign(self, to: int) -> int | None:
         before = (await self.signer.states()).get("effect-ledger.local/t1")
-        size = await self.owner.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") or 0
+        size = await self.size()
         if to > size:
             assert await receipt_log.integrate_tenant(self.owner, "t1", to - size) == to - size
-        config = receipt_log.LogConfig("effect-ledger.local", 1)
         return await receipt_log.checkpoint_tenant(
-            self.owner, "t1", self.signer, config, before, lambda why, _: self.refused.append(why), self.guard
+            self.owner, "t1", self.signer, self.config, before, self.refuse, self.guard
         )
 
 
@@ -313,11 +304,7 @@ async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tom
     row gone sooner was dropped by someone who can write the database (its ID could execute again):
     `receipt_missing`, nothing signed. Until round 18 the checkpointer took every missing row for an
     expired tombstone. A row committed three days ago may have expired: its absence is no refusal."""
-    async with Service(replace(settings, rate_limit_per_second=0)) as off, off.client() as client:
-        for i in range(7):
-            await committed(client, f"op-{i}")
-    admin = await asyncpg.connect(db_url)  # the database's superuser
-    try:
+    async with Checkpointing(settings, tmp_path, commits=7) as log, superuser(db_url) as admin:
         # op-1 committed three days ago (its leaf's committed_at is the row's resolved_at; the value is
         # computed here: Citus refuses a STABLE `timestamptz - interval` over a column in an UPDATE)
         op_1 = "WHERE tenant_id = 't1' AND operation_id = 'op-1'"
@@ -326,15 +313,12 @@ async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tom
             f"UPDATE ledger.operations SET resolved_at = $1 {op_1}",
             resolved - timedelta(days=3),
         )
-        async with Checkpointing(settings, tmp_path) as log:
-            assert await log.grow_and_sign(5) == 5
-            assert await admin.execute(TAMPERS["dropped"][0].replace("op-2", "op-1")) == "DELETE 1"
-            assert await log.grow_and_sign(6) == 6  # op-1 could have expired: signed
-            assert await admin.execute(TAMPERS["dropped"][0]) == "DELETE 1"  # op-2, committed just now
-            assert await log.grow_and_sign(7) is None
-            assert log.refused == ["receipt_missing"] and await log.signed_size() == 6
-    finally:
-        await admin.close()
+        assert await log.grow_and_sign(5) == 5
+        assert await admin.execute(TAMPERS["dropped"][0].replace("op-2", "op-1")) == "DELETE 1"
+        assert await log.grow_and_sign(6) == 6  # op-1 could have expired: signed
+        assert await admin.execute(TAMPERS["dropped"][0]) == "DELETE 1"  # op-2, committed just now
+        assert await log.grow_and_sign(7) is None
+        assert log.refused == ["receipt_missing"] and await log.signed_size() == 6
 
 
 def test_the_audit_covers_the_signed_log_in_whole_bundles_round_robin() -> None:
