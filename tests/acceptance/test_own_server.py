@@ -19,6 +19,7 @@ from test_shutdown import sigterm_during_a_request, two_workers
 
 from support.auth import auth
 from support.serve_process import Served, alive, kill_quietly, spawned_workers, start_serve
+from support.server import free_port
 from support.waiting import until
 
 pytestmark = pytest.mark.slow
@@ -443,3 +444,29 @@ async def test_a_worker_replaced_while_the_database_is_down_is_tried_again_until
         if served is not None:
             await kill_quietly(served)
         await asyncio.to_thread(pg.stop)
+
+
+async def test_a_port_taken_before_serve_listens_is_left_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tests' servers: a free port is chosen, not reserved. When another process takes it first,
+    serve exits saying so and support.serve_process starts it again on another port."""
+    import socket
+
+    import support.serve_process
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], free_port()])
+        monkeypatch.setattr(support.serve_process, "free_port", lambda: next(ports))
+        served = await start_serve(tmp_path, background_sweep="false", log_enabled="false")
+        try:
+            assert served.port != taken.getsockname()[1]
+            first = (tmp_path / f"serve.port-{taken.getsockname()[1]}-taken.log").read_text()
+            assert f"cannot listen on 127.0.0.1:{taken.getsockname()[1]}: [Errno 98]" in first
+            assert "cannot listen" not in served.log()
+            async with httpx.AsyncClient(base_url=served.base_url, timeout=20) as http:
+                assert (await http.get("/readyz")).status_code == 200
+        finally:
+            await kill_quietly(served)

@@ -90,8 +90,25 @@ class Served:
 async def start_serve(
     tmp_path: Path, *args: str, command: Sequence[str] | None = None, **settings: str
 ) -> Served:
-    """Start `serve --port N` (of this environment, or `command`) and wait until /readyz answers 200."""
-    port = free_port()
+    """Start `serve --port N` (of this environment, or `command`) and wait until /readyz answers 200.
+
+    The port is free when chosen, not reserved: when another process takes it before serve listens,
+    serve exits saying so, and it starts again on another (up to three times)."""
+    for _ in range(3):
+        try:
+            return await _start_serve(tmp_path, free_port(), args, command, settings)
+        except PortTaken:
+            continue
+    raise AssertionError("serve found its port taken three times in a row")
+
+
+class PortTaken(Exception):
+    """serve could not listen: another process took the free port between the choice and serve's bind."""
+
+
+async def _start_serve(
+    tmp_path: Path, port: int, args: Sequence[str], command: Sequence[str] | None, settings: dict[str, str]
+) -> Served:
     data_dir = tmp_path / "data"
     output = tmp_path / "serve.log"
     with output.open("wb") as sink:
@@ -110,6 +127,9 @@ async def start_serve(
     async with httpx.AsyncClient(base_url=served.base_url, timeout=2) as http:
         while time.monotonic() < deadline:
             if proc.returncode is not None:
+                if f":{port}: [Errno 98]" in served.log():  # prefork.py: cannot listen on HOST:PORT
+                    output.replace(output.with_name(f"serve.port-{port}-taken.log"))  # kept, aside
+                    raise PortTaken(port)
                 raise AssertionError(f"serve exited with {proc.returncode}:\n{served.log()[-3000:]}")
             with contextlib.suppress(httpx.TransportError):
                 if (await http.get("/readyz")).status_code == 200:
