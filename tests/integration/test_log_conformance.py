@@ -409,6 +409,7 @@ async def test_checkpoints_are_consistent_as_the_log_grows(log: Log) -> None:
     assert mth(leaf_hashes(await log.tiles(b.size), b.size)[: a.size]) == a.root  # the old tree, unchanged
     r = await get(log.http, "/v1/log/consistency", {"from": a.size}, **AUDITOR)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert r.headers["effect-ledger-tree-size"] == str(b.size)  # the size the proof ends at
     c = [b64decode(line) for line in r.text.splitlines()]
     assert verify_consistency(a.size, b.size, a.root, b.root, c)
     assert not verify_consistency(a.size, b.size, a.root, b.root, [*c[:-1], bytes(32)])
@@ -420,6 +421,17 @@ async def test_checkpoints_are_consistent_as_the_log_grows(log: Log) -> None:
     assert (same.status_code, same.text) == (200, "")  # a tree is consistent with itself: no hashes
     above = await get(log.http, "/v1/log/consistency", {"from": b.size + 1}, **AUDITOR)
     assert above.status_code == 422 and above.json()["code"] == "validation_failed"
+    # `to`: a proof to the checkpoint the auditor holds, not to whatever was signed since it read one
+    for m in (1, 5, a.size - 1):
+        r = await get(log.http, "/v1/log/consistency", {"from": m, "to": a.size}, **AUDITOR)
+        assert r.status_code == 200 and r.headers["effect-ledger-tree-size"] == str(a.size)
+        got = [b64decode(line) for line in r.text.splitlines()]
+        assert verify_consistency(m, a.size, mth(leaves[:m]), a.root, got), m
+        assert not verify_consistency(m, b.size, mth(leaves[:m]), b.root, got), m
+    for bad in ({"from": 3, "to": b.size + 1}, {"from": a.size + 1, "to": a.size}, {"from": 0, "to": "x"}):
+        r = await get(log.http, "/v1/log/consistency", bad, **AUDITOR)
+        assert (r.status_code, r.json()["code"]) == (422, "validation_failed"), bad
+        assert [e["field"] for e in r.json()["errors"]] == ["from" if bad["from"] == a.size + 1 else "to"]
 
 
 TAMPERS = {

@@ -695,17 +695,23 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
     return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
 
 
-async def consistency_of(ledger: Ledger, tenant: str, old: int) -> list[bytes]:
-    """RFC 9162 consistency proof from size `old` to the latest checkpoint's size."""
+async def consistency_of(
+    ledger: Ledger, tenant: str, old: int, new: int | None = None
+) -> tuple[list[bytes], int]:
+    """RFC 9162 consistency proof from size `old` to size `new` (by default the latest checkpoint's
+    size, which may have grown since the caller read a checkpoint), and the size it proves to."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_consistency") as (conn, _):
         row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
         size = 0 if row is None else int(row["size"])
-        if old < 0 or old > size:
-            raise validation_failed([("from", f"must be from 0 to the checkpoint's size {size}")])
+        if new is not None and not 0 <= new <= size:
+            raise validation_failed([("to", f"must be from 0 to the checkpoint's size {size}")])
+        target = size if new is None else new
+        if old < 0 or old > target:
+            raise validation_failed([("from", f"must be from 0 to the proof's target size {target}")])
         proof: list[bytes] = await _computed(
-            conn, tenant, lambda read: merkle.consistency_proof(old, size, read)
+            conn, tenant, lambda read: merkle.consistency_proof(old, target, read)
         )
-    return proof
+    return proof, target
 
 
 # ---- the background task of `serve` -----------------------------------------------------------------

@@ -90,12 +90,31 @@ class LogController(Controller):
 
     @get("/consistency", guards=[requires(AUDIT)], media_type=TEXT)
     async def consistency(self, request: Request[Any, Any, Any]) -> Response[Any]:
-        """The RFC 9162 consistency proof from size `from` to the current checkpoint (a hash a line)."""
-        QueryProblems(request, ("from",)).check()
-        raw = request.query_params.get("from")
-        if raw is None or not raw.isdigit() or not raw.isascii() or len(raw) > 19:
+        """The RFC 9162 consistency proof from size `from` to the current checkpoint (a hash a line),
+        or to size `to` (an extension: the size of a checkpoint the caller holds, at most the current
+        one). `Effect-Ledger-Tree-Size` names the size the proof ends at: a checkpoint signed between
+        the caller's read of one and this request would otherwise make a good proof look bad."""
+        QueryProblems(request, ("from", "to")).check()
+        old = _tree_size(request, "from")
+        if old is None:
             raise validation_failed([("from", "must be a tree size (a non-negative integer)")])
-        proof = await repo.consistency_of(audit_ledger_of(request), caller_of(request).tenant, int(raw))
+        ledger, tenant = audit_ledger_of(request), caller_of(request).tenant
+        proof, size = await repo.consistency_of(ledger, tenant, old, _tree_size(request, "to"))
         return Response(
-            "".join(b64(h) + "\n" for h in proof), media_type=TEXT, headers={"Cache-Control": SHORT}
+            "".join(b64(h) + "\n" for h in proof),
+            media_type=TEXT,
+            headers={"Cache-Control": SHORT, TREE_SIZE: str(size)},
         )
+
+
+TREE_SIZE = "Effect-Ledger-Tree-Size"
+
+
+def _tree_size(request: Request[Any, Any, Any], name: str) -> int | None:
+    """The query parameter `name` as a tree size; None when it is absent; 422 when it is not one."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 19:
+        raise validation_failed([(name, "must be a tree size (a non-negative integer)")])
+    return int(raw)
