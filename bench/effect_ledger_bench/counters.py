@@ -30,9 +30,14 @@ from pathlib import Path
 
 import asyncpg
 
-from effect_ledger_bench.procs import children_cpu_seconds, self_cpu_seconds, tree_cpu_seconds
+from effect_ledger_bench.procs import (
+    TICKS,
+    children_cpu_seconds,
+    self_cpu_seconds,
+    stat_fields,
+    tree_cpu_seconds,
+)
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 COUNTERS = """
 SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint AS lsn,
        pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid
@@ -43,7 +48,7 @@ def machine_busy_seconds() -> float:
     """CPU seconds every core of the machine has been busy since boot (not idle, not iowait)."""
     first = Path("/proc/stat").read_text().splitlines()[0].split()
     v = [int(x) for x in first[1:8]]  # user nice system idle iowait irq softirq (steal: not this VM's)
-    return (v[0] + v[1] + v[2] + v[5] + v[6]) / _TICKS
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / TICKS
 
 
 PF_KTHREAD = 0x00200000  # a kernel thread (include/linux/sched.h), in /proc/PID/stat's flags
@@ -61,12 +66,12 @@ def kernel_busy_seconds() -> float:
             ticks += kernel_thread_ticks(Path(entry.path, "stat").read_text())
         except OSError:
             continue  # it ended meanwhile
-    return ticks / _TICKS
+    return ticks / TICKS
 
 
 def kernel_thread_ticks(stat: str) -> int:
     """A /proc/PID/stat line's utime + stime in clock ticks when it is a kernel thread's, else 0."""
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command, which may hold spaces and ')'
+    fields = stat_fields(stat)
     if int(fields[6]) & PF_KTHREAD:  # flags, the 9th field of the whole line
         return int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th)
     return 0
