@@ -50,7 +50,7 @@ async def tile(client: httpx.AsyncClient, ref: tiles.TileRef, tenant: str = "t1"
     return await get(client, "/v1/log/" + tiles.tile_path(ref), tenant=tenant, **AUDITOR)
 
 
-async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Service) -> None:
+async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Service, tmp_path: Path) -> None:
     async with logged.client() as client:
         ops = [f"op-{i:03d}" for i in range(300)]
         for op in ops:
@@ -127,6 +127,29 @@ async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Serv
         assert merkle.verify_consistency(cp.size, new.size, cp.root, new.root, proof)
         bad = await get(client, "/v1/log/consistency", {"from": new.size + 1}, **AUDITOR)
         assert bad.status_code == 422 and bad.json()["code"] == "validation_failed"
+        # the auditor checks offline that the log only grew between the two checkpoints it kept
+        r = await get(client, "/v1/log/consistency", {"from": cp.size, "to": new.size}, **AUDITOR)
+        files = {"old.checkpoint": note, "new.checkpoint": new_note, "consistency": r.text}
+        for name, text in files.items():
+            (tmp_path / name).write_text(text)
+        check = [str(VERIFY), "--consistency", *(str(tmp_path / n) for n in files), "--vkey", key["vkey"]]
+        ok = run(*check)
+        assert (ok.returncode, ok.stdout) == (
+            0,
+            f"OK effect-ledger.local/t1 size {cp.size} -> {new.size}: append-only (witnesses: none)\n",
+        ), ok
+        lines = r.text.splitlines()
+        (tmp_path / "consistency").write_text("\n".join([lines[-1], *lines[:-1]]) + "\n")  # reordered
+        bad_run = run(*check)
+        assert bad_run.returncode == 1 and "does not lead from size" in bad_run.stderr, bad_run
+        swapped = run(
+            str(VERIFY),
+            "--consistency",
+            *(str(tmp_path / n) for n in ("new.checkpoint", "old.checkpoint", "consistency")),
+            "--vkey",
+            key["vkey"],
+        )
+        assert swapped.returncode == 1 and "smaller than the old one's" in swapped.stderr, swapped
 
 
 async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: Path) -> None:

@@ -171,3 +171,77 @@ def test_a_proof_file_verifies_offline_and_every_change_is_caught() -> None:
     receipt = {"external_ref": "x"}
     with pytest.raises(ProofInvalid, match="receipt_digest"):
         verify_proof(text, vkey, receipt=receipt)
+
+
+def test_two_checkpoints_an_auditor_holds_are_proved_consistent_offline_and_a_rewrite_is_not() -> None:
+    from effect_ledger.domain import tiles
+    from effect_ledger.domain.merkle import consistency_proof
+    from effect_ledger.domain.note import b64
+    from effect_ledger.domain.receipt_log import verify_consistency_of
+
+    log_signer = note.Signer("effect-ledger.local/t1", bytes(range(1, 33)))
+    vkey = log_signer.verifier.vkey
+    witness = note.Signer("w.example/1", bytes(range(2, 34)), note.ALG_COSIGNATURE_V1)
+    data = [_leaf(i) for i in range(13)]
+    hashes = [leaf_hash(d) for d in data]
+    store = {(0, 0): b"".join(hashes)}
+
+    def read(nodes: object) -> list[bytes]:
+        return tiles.read_nodes(nodes, store)  # type: ignore[arg-type]
+
+    def checkpoint(size: int, leaves: list[bytes] = hashes, cosigned: bool = True) -> str:
+        signed = sign_note(Checkpoint(log_signer.name, size, naive_root(leaves[:size])).text, log_signer)
+        return signed + (cosign(signed.split("\n\n")[0] + "\n", witness, 7).line if cosigned else "")
+
+    def proof(old: int, new: int) -> str:
+        return "".join(b64(h) + "\n" for h in consistency_proof(old, new, read))
+
+    witnesses = [witness.verifier.vkey]
+    for old, new in ((1, 13), (4, 13), (5, 13), (8, 13), (12, 13), (5, 8), (13, 13)):
+        ok = verify_consistency_of(checkpoint(old), checkpoint(new), proof(old, new), vkey, witnesses)
+        assert (ok.origin, ok.old_size, ok.new_size, ok.cosigned_by) == (
+            log_signer.name,
+            old,
+            new,
+            ("w.example/1",),
+        ), (old, new)
+    assert ok.line == "OK effect-ledger.local/t1 size 13 -> 13: append-only (witnesses: w.example/1)"
+    # the older checkpoint may come as the proof file the auditor kept (its checkpoint is taken)
+    kept = proof_file(data[2], 2, inclusion_proof(2, 5, read), checkpoint(5))
+    assert verify_consistency_of(kept, checkpoint(13), proof(5, 13), vkey).old_size == 5
+
+    good = proof(5, 13)
+    flipped = good.replace(good[0], "A" if good[0] != "A" else "B", 1)
+    failures = {
+        "does not lead from size 5 to 13": (checkpoint(5), checkpoint(13), flipped),
+        "smaller than the old one's": (checkpoint(13), checkpoint(5), proof(5, 13)),
+        "line 2 is not a base64 SHA-256 hash": (
+            checkpoint(5),
+            checkpoint(13),
+            good.split("\n")[0] + "\nxyz\n",
+        ),
+        "old checkpoint: 0 witness cosignatures verify, quorum is 1": (
+            checkpoint(5, cosigned=False),
+            checkpoint(13),
+            good,
+        ),
+    }
+    for reason, (older, newer, text) in failures.items():
+        with pytest.raises(ProofInvalid) as caught:
+            verify_consistency_of(older, newer, text, vkey, witnesses)
+        assert reason in str(caught.value), (reason, caught.value)
+    # a rewrite of logged history: leaf 2 changed, the tree re-signed at the same and a larger size
+    forged = [*hashes[:2], leaf_hash(b"forged"), *hashes[3:]]
+    with pytest.raises(ProofInvalid, match="two different trees of size 5: the log forked"):
+        verify_consistency_of(checkpoint(5), checkpoint(5, forged), "", vkey)
+    forged_store = {(0, 0): b"".join(forged)}
+    forged_proof = "".join(
+        b64(h) + "\n"
+        for h in consistency_proof(5, 13, lambda nodes: tiles.read_nodes(nodes, forged_store))  # type: ignore[arg-type]
+    )
+    for text in (good, forged_proof):  # neither the honest proof nor one from the forged tree links them
+        with pytest.raises(ProofInvalid, match="does not lead from size 5 to 13"):
+            verify_consistency_of(checkpoint(5), checkpoint(13, forged), text, vkey)
+    with pytest.raises(ProofInvalid, match="new checkpoint not signed by the log key"):
+        other = note.Signer(log_signer.name, bytes(32))
+        verify_consistency_of(checkpoint(5), sign_note(parse_note(checkpoint(13)).text, other), good, vkey)

@@ -1,6 +1,11 @@
 """Offline verification of receipts-log proof files (API.md section 14), with no server dependency:
 `effect-ledger-verify PROOF_FILE --vkey VKEY [--witness VKEY …] [--quorum n] [--receipt FILE]`, and the
-same as `verify_proof_file`. Exit 0 and one line when it holds; exit 1 and the first reason when not."""
+same as `verify_proof_file`. Exit 0 and one line when it holds; exit 1 and the first reason when not.
+
+`effect-ledger-verify --consistency OLD NEW PROOF --vkey VKEY [--witness VKEY …] [--quorum n]` (and
+`verify_consistency_files`): that the log only grew between two signed checkpoints an auditor holds
+(each a checkpoint file from GET /v1/log/checkpoint, or a proof file, whose checkpoint is taken), with
+the consistency proof from GET /v1/log/consistency?from=OLD_SIZE&to=NEW_SIZE."""
 
 from __future__ import annotations
 
@@ -11,9 +16,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.domain.receipt_log import ProofInvalid, Verified, verify_proof
+from effect_ledger.domain.receipt_log import (
+    Consistent,
+    ProofInvalid,
+    Verified,
+    verify_consistency_of,
+    verify_proof,
+)
 
-__all__ = ["ProofInvalid", "Verified", "main", "verify_proof", "verify_proof_file"]
+__all__ = [
+    "Consistent",
+    "ProofInvalid",
+    "Verified",
+    "main",
+    "verify_consistency_files",
+    "verify_consistency_of",
+    "verify_proof",
+    "verify_proof_file",
+]
 
 
 def verify_proof_file(
@@ -37,6 +57,20 @@ def verify_proof_file(
     return verify_proof(text, _key(vkey), [_key(w) for w in witnesses], quorum, shown)
 
 
+def verify_consistency_files(
+    old: str | Path,
+    new: str | Path,
+    proof: str | Path,
+    vkey: str,
+    witnesses: Sequence[str] = (),
+    quorum: int | None = None,
+) -> Consistent:
+    """Verify that the checkpoint in file `new` extends the one in file `old` (each a checkpoint or a
+    proof file) by the consistency proof in file `proof`; raises ProofInvalid with the first reason."""
+    older, newer, hashes = (Path(name).read_text(encoding="utf-8") for name in (old, new, proof))
+    return verify_consistency_of(older, newer, hashes, _key(vkey), [_key(w) for w in witnesses], quorum)
+
+
 def _key(value: str) -> str:
     """A vkey given inline, or the path of a file holding it (or GET /v1/log/key's JSON)."""
     path = Path(value)
@@ -49,8 +83,16 @@ def _key(value: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="effect-ledger-verify", description=__doc__)
-    parser.add_argument("proof", help="the c2sp.org/tlog-proof@v1 file (GET /v1/log/proof)")
+    parser = argparse.ArgumentParser(
+        prog="effect-ledger-verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("proof", nargs="?", help="the c2sp.org/tlog-proof@v1 file (GET /v1/log/proof)")
+    parser.add_argument(
+        "--consistency",
+        nargs=3,
+        metavar=("OLD", "NEW", "PROOF"),
+        help="instead: the older and the newer checkpoint (or proof files) and the consistency proof",
+    )
     parser.add_argument("--vkey", required=True, help="the log's verifier key (or a file holding it)")
     parser.add_argument("--witness", action="append", default=[], help="a witness's vkey (repeatable)")
     parser.add_argument("--quorum", type=int, help="cosignatures needed (default: every --witness)")
@@ -58,10 +100,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--receipt", help="the receipt JSON (or the operation view) to check against the leaf"
     )
     args = parser.parse_args(argv)
+    if (args.proof is None) == (args.consistency is None):
+        parser.error("give a proof file, or --consistency OLD NEW PROOF")
+    if args.consistency is not None and args.receipt is not None:
+        parser.error("--receipt goes with a proof file, not with --consistency")
     try:
-        verified = verify_proof_file(args.proof, args.vkey, args.witness, args.quorum, args.receipt)
+        if args.consistency is not None:
+            old, new, proof = args.consistency
+            line = verify_consistency_files(old, new, proof, args.vkey, args.witness, args.quorum).line
+        else:
+            line = verify_proof_file(args.proof, args.vkey, args.witness, args.quorum, args.receipt).line
     except (ProofInvalid, OSError) as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
-    print(verified.line)
+    print(line)
     return 0

@@ -12,11 +12,10 @@ from typing import Any
 import msgspec
 
 from effect_ledger.domain.canonical import canonical_json, encode_members, intent_digest, plain_scalar
-from effect_ledger.domain.merkle import leaf_hash, verify_inclusion
+from effect_ledger.domain.merkle import leaf_hash, verify_consistency, verify_inclusion
 from effect_ledger.domain.note import (
     Checkpoint,
     NoteError,
-    Verifier,
     b64,
     note_signed_by,
     parse_checkpoint,
@@ -193,21 +192,10 @@ def verify_proof(
     cosignatures against the quorum (default: all given witnesses), the leaf recomputed from `extra`,
     the inclusion proof and, with `receipt`, that its JCS digest is the leaf's receipt_digest."""
     try:
-        log_key = parse_vkey(vkey)
-        keys = [parse_vkey(w) for w in witnesses]
         parsed = parse_proof_file(text)
-        note = parse_note(parsed.checkpoint_note)
-        checkpoint = parse_checkpoint(note.text)
     except NoteError as exc:
         raise ProofInvalid(str(exc)) from exc
-    if checkpoint.origin != log_key.name:
-        raise ProofInvalid(f"checkpoint origin {checkpoint.origin!r} is not the key's {log_key.name!r}")
-    if not note_signed_by(note, log_key):
-        raise ProofInvalid("checkpoint not signed by the log key")
-    cosigned = _cosigners(note, keys)
-    need = len(keys) if quorum is None else quorum
-    if len(cosigned) < need:
-        raise ProofInvalid(f"{len(cosigned)} witness cosignatures verify, quorum is {need}")
+    checkpoint, cosigned = _signed_checkpoint(parsed.checkpoint_note, vkey, witnesses, quorum)
     if parsed.extra is None:
         raise ProofInvalid("proof file has no extra line (the leaf data)")
     leaf = _leaf_object(parsed.extra)
@@ -236,8 +224,91 @@ def verify_proof(
     )
 
 
-def _cosigners(note: Any, keys: Sequence[Verifier]) -> set[str]:
-    return {key.name for key in keys if note_signed_by(note, key)}
+def _signed_checkpoint(
+    note_text: str, vkey: str, witnesses: Sequence[str], quorum: int | None, which: str = "checkpoint"
+) -> tuple[Checkpoint, set[str]]:
+    """The checkpoint of a signed note that the log key signed under its origin and that enough of the
+    witnesses cosigned (`quorum`, default: all of them); the witnesses that did. `which` names the
+    checkpoint in the reasons when there are two."""
+    prefix = "" if which == "checkpoint" else f"{which}: "
+    try:
+        log_key = parse_vkey(vkey)
+        keys = [parse_vkey(w) for w in witnesses]
+        note = parse_note(note_text)
+        checkpoint = parse_checkpoint(note.text)
+    except NoteError as exc:
+        raise ProofInvalid(f"{prefix}{exc}") from exc
+    if checkpoint.origin != log_key.name:
+        raise ProofInvalid(f"{which} origin {checkpoint.origin!r} is not the key's {log_key.name!r}")
+    if not note_signed_by(note, log_key):
+        raise ProofInvalid(f"{which} not signed by the log key")
+    cosigned = {key.name for key in keys if note_signed_by(note, key)}
+    need = len(keys) if quorum is None else quorum
+    if len(cosigned) < need:
+        raise ProofInvalid(f"{prefix}{len(cosigned)} witness cosignatures verify, quorum is {need}")
+    return checkpoint, cosigned
+
+
+@dataclass(frozen=True, slots=True)
+class Consistent:
+    """What a consistency check proved: the newer checkpoint's tree extends the older one's."""
+
+    origin: str
+    old_size: int
+    new_size: int
+    cosigned_by: tuple[str, ...]  # witnesses that cosigned both checkpoints
+
+    @property
+    def line(self) -> str:
+        witnesses = ",".join(self.cosigned_by) or "none"
+        return (
+            f"OK {self.origin} size {self.old_size} -> {self.new_size}: append-only (witnesses: {witnesses})"
+        )
+
+
+def verify_consistency_of(
+    old: str,
+    new: str,
+    proof: str,
+    vkey: str,
+    witnesses: Sequence[str] = (),
+    quorum: int | None = None,
+) -> Consistent:
+    """Check offline that the log only grew between two checkpoints an auditor holds: `old` and `new`
+    are signed checkpoints (each a signed note, or a tlog-proof@v1 file, whose checkpoint is taken),
+    both signed by the log key and cosigned by the quorum; `proof` is GET /v1/log/consistency's text
+    (one base64 hash a line) from old's size to new's (RFC 9162 2.1.4.2). A smaller newer tree, or two
+    different trees of one size (a fork), fail with their own reason."""
+    before, old_by = _signed_checkpoint(_note_of(old), vkey, witnesses, quorum, "old checkpoint")
+    after, new_by = _signed_checkpoint(_note_of(new), vkey, witnesses, quorum, "new checkpoint")
+    hashes = []
+    for number, line in enumerate(proof.splitlines(), 1):
+        try:
+            raw = unb64(line)
+        except NoteError:
+            raw = b""
+        if len(raw) != 32:
+            raise ProofInvalid(f"consistency proof line {number} is not a base64 SHA-256 hash")
+        hashes.append(raw)
+    if before.size > after.size:
+        raise ProofInvalid(
+            f"the new checkpoint's tree ({after.size}) is smaller than the old one's ({before.size})"
+        )
+    if before.size == after.size and before.root != after.root:
+        raise ProofInvalid(f"two different trees of size {after.size}: the log forked")
+    if not verify_consistency(before.size, after.size, before.root, after.root, hashes):
+        raise ProofInvalid(f"the consistency proof does not lead from size {before.size} to {after.size}")
+    return Consistent(after.origin, before.size, after.size, tuple(sorted(old_by & new_by)))
+
+
+def _note_of(text: str) -> str:
+    """A signed checkpoint given as itself, or as the tlog-proof@v1 file that carries it."""
+    if text.startswith(PROOF_HEADER + "\n"):
+        try:
+            return parse_proof_file(text).checkpoint_note
+        except NoteError as exc:
+            raise ProofInvalid(str(exc)) from exc
+    return text
 
 
 def _leaf_object(extra: bytes) -> dict[str, Any]:
