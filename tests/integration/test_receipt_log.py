@@ -215,6 +215,50 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
 
 
+async def test_the_client_proves_a_receipt_and_the_logs_growth_against_pinned_keys(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from effect_ledger.client import LedgerClient, ProofInvalid
+    from effect_ledger.domain.note import Signer
+    from effect_ledger.domain.receipt_log import checkpoint_of
+
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        for i in range(5):
+            await committed(client, f"op-{i}")
+        first = await wait_for_size(client, 5)
+        async with LedgerClient(running.base_url, token(scope="ledger:audit", sub="aud-1")) as ledger:
+            key = await ledger.log.key()  # pinned once, out of band; every check below uses it
+            assert (key.origin, key.witnesses, key.quorum) == ("effect-ledger.local/t1", [], 0)
+            proved = await ledger.log.prove_receipt("op-3", key.vkey)
+            assert (proved.index, proved.size, proved.operation_id) == (3, 5, "op-3")
+            kept = await ledger.log.proof("op-3")
+            for i in range(5, 9):
+                await committed(client, f"op-{i}")
+            await wait_for_size(client, 9)
+            current, grown = await ledger.log.prove_growth(kept, key.vkey)  # from the proof file's checkpoint
+            assert (grown.origin, grown.old_size, grown.new_size) == (key.origin, 5, 9)
+            assert checkpoint_of(current).size == 9 and current == await ledger.log.checkpoint()
+            assert (await ledger.log.prove_growth(current, key.vkey))[1].old_size == 9  # nothing new
+            assert (await ledger.log.consistency(5)).splitlines() == (
+                await ledger.log.consistency(5, 9)
+            ).splitlines()
+            unpinned = Signer(key.origin, bytes(32)).verifier.vkey  # the origin's name, another key
+            with pytest.raises(ProofInvalid, match="checkpoint not signed by the log key"):
+                await ledger.log.prove_receipt("op-3", unpinned)
+            with pytest.raises(ProofInvalid, match="old checkpoint not signed by the log key"):
+                await ledger.log.prove_growth(first, unpinned)
+            owner = await asyncpg.connect(running.settings.database_url)
+            try:  # as the superuser: a logged receipt edited; the view the service shows no longer matches
+                await owner.execute(
+                    "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
+                    " WHERE tenant_id = 't1' AND operation_id = 'op-3'"
+                )
+            finally:
+                await owner.close()
+            with pytest.raises(ProofInvalid, match="receipt_digest"):
+                await ledger.log.prove_receipt("op-3", key.vkey)
+
+
 async def test_a_pass_that_fills_its_batch_is_followed_at_once(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ from effect_ledger.client.models import (
     RecoveryDecision,
     VerifyResult,
 )
+from effect_ledger.client.receipts_log import ReceiptsLog
 from effect_ledger.client.reconciler import Lookup, ReconcileReport, reconcile_unknown
 from effect_ledger.client.retry import RetryPolicy, send_with_retries
 from effect_ledger.client.telemetry import CallStats, trace_headers
@@ -295,6 +296,11 @@ class LedgerClient:
     def approvals(self) -> Approvals:
         """The approval calls (docs/api.md section 15) over this client (see client/approvals.py)."""
         return Approvals(self)
+
+    @property
+    def log(self) -> ReceiptsLog:
+        """The receipts log's calls and offline checks (API.md section 14; client/receipts_log.py)."""
+        return ReceiptsLog(self)
 
     @property
     def journal(self) -> Journal:

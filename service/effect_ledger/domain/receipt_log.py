@@ -279,8 +279,8 @@ def verify_consistency_of(
     both signed by the log key and cosigned by the quorum; `proof` is GET /v1/log/consistency's text
     (one base64 hash a line) from old's size to new's (RFC 9162 2.1.4.2). A smaller newer tree, or two
     different trees of one size (a fork), fail with their own reason."""
-    before, old_by = _signed_checkpoint(_note_of(old), vkey, witnesses, quorum, "old checkpoint")
-    after, new_by = _signed_checkpoint(_note_of(new), vkey, witnesses, quorum, "new checkpoint")
+    before, old_by = _signed_checkpoint(checkpoint_note_of(old), vkey, witnesses, quorum, "old checkpoint")
+    after, new_by = _signed_checkpoint(checkpoint_note_of(new), vkey, witnesses, quorum, "new checkpoint")
     hashes = []
     for number, line in enumerate(proof.splitlines(), 1):
         try:
@@ -301,7 +301,7 @@ def verify_consistency_of(
     return Consistent(after.origin, before.size, after.size, tuple(sorted(old_by & new_by)))
 
 
-def _note_of(text: str) -> str:
+def checkpoint_note_of(text: str) -> str:
     """A signed checkpoint given as itself, or as the tlog-proof@v1 file that carries it."""
     if text.startswith(PROOF_HEADER + "\n"):
         try:
