@@ -249,6 +249,10 @@ async def _intact_receipts(
     return checked
 
 
+def _seq_of(row: Mapping[str, Any]) -> int:
+    return int(row["seq"])
+
+
 async def _intact_slice(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
 ) -> None:
@@ -256,6 +260,9 @@ async def _intact_slice(
     chains: dict[str, list[Mapping[str, Any]]] = {}
     for row in await conn.fetch(sql("log_batch_chains"), tenant, ids):
         chains.setdefault(row["operation_id"], []).append(row)
+    for chain in chains.values():  # the query leaves the order to us: each chain by seq
+        if len(chain) > 1:  # (an operation without events has one row, its seq NULL)
+            chain.sort(key=_seq_of)
     intact = checked.intact
     for row in rows:
         chain = chains.get(row["operation_id"], [])
