@@ -186,6 +186,16 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
         assert (await client.get("/v1/log/checkpoint")).status_code == 401
 
 
+async def edit_receipt(running: Service, operation_id: str) -> None:
+    """As the database's superuser: a receipt's external_ref rewritten, nothing else."""
+    async with owner(running.settings.database_url) as superuser:
+        await superuser.execute(
+            "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
+            " WHERE tenant_id = 't1' AND operation_id = $1",
+            operation_id,
+        )
+
+
 async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -201,14 +211,7 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         overview = await client.get("/console/")
         assert '<dd id="log-size">3</dd>' in overview.text
         assert "effect-ledger.local/t1" in overview.text and "none configured" in overview.text
-        owner = await asyncpg.connect(running.settings.database_url)
-        try:  # as the superuser: the receipt of op-1 edited after it was logged
-            await owner.execute(
-                "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
-                " WHERE tenant_id = 't1' AND operation_id = 'op-1'"
-            )
-        finally:
-            await owner.close()
+        await edit_receipt(running, "op-1")  # as the superuser, after it was logged
         page = await client.get("/console/operations/op-1")
         assert "Its proof does not verify" in page.text and "receipt_digest" in page.text
         await signed_in(client, token(scope="ledger:reconcile", sub="rec-1"))
@@ -247,14 +250,7 @@ async def test_the_client_proves_a_receipt_and_the_logs_growth_against_pinned_ke
                 await ledger.log.prove_receipt("op-3", unpinned)
             with pytest.raises(ProofInvalid, match="old checkpoint not signed by the log key"):
                 await ledger.log.prove_growth(first, unpinned)
-            owner = await asyncpg.connect(running.settings.database_url)
-            try:  # as the superuser: a logged receipt edited; the view the service shows no longer matches
-                await owner.execute(
-                    "UPDATE ledger.operations SET receipt = jsonb_set(receipt, '{external_ref}', '\"x\"')"
-                    " WHERE tenant_id = 't1' AND operation_id = 'op-3'"
-                )
-            finally:
-                await owner.close()
+            await edit_receipt(running, "op-3")  # as the superuser: the view no longer matches its leaf
             with pytest.raises(ProofInvalid, match="receipt_digest"):
                 await ledger.log.prove_receipt("op-3", key.vkey)
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal
 
-import httpx
 from msgspec import Struct
 
 from effect_ledger.client.errors import LedgerClientError
 from effect_ledger.client.retry import RetryPolicy
-
-T = TypeVar("T")
+from effect_ledger.client.transport import Transport
 
 FIRST_POLL_SECONDS = 0.1
 MAX_POLL_SECONDS = 2.0
@@ -85,23 +83,6 @@ def is_cancelled(cancelled: Cancelled) -> bool:
     if isinstance(cancelled, asyncio.Event):
         return cancelled.is_set()
     return bool(cancelled())
-
-
-class Transport(Protocol):
-    """What the approval calls need of LedgerClient (so client.py can import this module without a cycle)."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        params: Mapping[str, str | int] | None = None,
-        retry: RetryPolicy | None = None,
-        authenticated: bool = True,
-    ) -> httpx.Response: ...
-
-    def decode(self, response: httpx.Response, kind: type[T]) -> T: ...
 
 
 Judge = Callable[[ApprovalView], Awaitable[tuple[Literal["approve", "deny"], str] | None]]

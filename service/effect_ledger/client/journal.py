@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any
 from urllib.parse import quote
 
-import httpx
 from msgspec import Struct
 
-from effect_ledger.client.retry import RetryPolicy
-
-T = TypeVar("T")
+from effect_ledger.client.transport import Transport
 
 __all__ = [
     "AppendResult",
@@ -186,23 +182,6 @@ class ContextSelection(Struct, kw_only=True):
     summarized: list[dict[str, int]]
     unresolved: list[str]
     continuation: dict[str, Any] | None = None  # the compatible one, with its payload (base64)
-
-
-class Transport(Protocol):
-    """What the journal calls need of LedgerClient (so client.py can import this module without a cycle)."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        params: Mapping[str, str | int] | None = None,
-        retry: RetryPolicy | None = None,
-        authenticated: bool = True,
-    ) -> httpx.Response: ...
-
-    def decode(self, response: httpx.Response, kind: type[T]) -> T: ...
 
 
 class Journal:

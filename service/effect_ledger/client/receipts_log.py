@@ -10,14 +10,12 @@ service shows (`key()`) is for pinning once, never for checking the same service
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
 from urllib.parse import quote
 
-import httpx
 from msgspec import Struct
 
-from effect_ledger.client.retry import RetryPolicy
+from effect_ledger.client.transport import Transport
 from effect_ledger.domain.note import NoteError
 from effect_ledger.domain.receipt_log import (
     Consistent,
@@ -28,8 +26,6 @@ from effect_ledger.domain.receipt_log import (
     verify_consistency_of,
     verify_proof,
 )
-
-T = TypeVar("T")
 
 __all__ = ["Consistent", "LogKey", "LogWitness", "ProofInvalid", "ReceiptsLog", "Verified"]
 
@@ -48,21 +44,6 @@ class LogKey(Struct, kw_only=True):
     vkey: str
     witnesses: list[LogWitness]
     quorum: int
-
-
-class Transport(Protocol):
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        params: Mapping[str, str | int] | None = None,
-        retry: RetryPolicy | None = None,
-        authenticated: bool = True,
-    ) -> httpx.Response: ...
-
-    def decode(self, response: httpx.Response, kind: type[T]) -> T: ...
 
 
 class ReceiptsLog:
