@@ -210,17 +210,26 @@ async def test_a_rewritten_leaf_gets_no_proof_that_would_not_verify(
 ) -> None:
     """The same careful edit under a running service: the proof endpoint checks the inclusion proof it
     built against the root the checkpoint's note signs, and answers 500 with an incident instead of a
-    proof no verifier accepts (until round 18 it served one). A leaf's bundle deleted is the same 500,
-    not 409 not_yet_logged."""
+    proof no verifier accepts (until round 18 it served one). The consistency endpoint checks its proof
+    against the signed root the same way (round 19). A leaf's bundle deleted is the same 500, not 409
+    not_yet_logged."""
     async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
         for i in range(5):
             await committed(client, f"op-{i}")
         await wait_for_size(client, 5)
         assert (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).status_code == 200
+        assert (await get(client, "/v1/log/consistency", {"from": 3}, **AUDITOR)).status_code == 200
         await rewrite_leaf_0(db_url)
         for op in ("op-0", "op-3"):  # op-3's proof carries the rewritten leaf's hash in its path
             r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
             assert r.status_code == 500 and r.json()["code"] == "internal", (op, r.text)
+        for since in (
+            1,
+            3,
+            5,
+        ):  # the consistency proof too: from the tiles, it no longer leads to the signed root
+            r = await get(client, "/v1/log/consistency", {"from": since}, **AUDITOR)
+            assert r.status_code == 500 and r.json()["code"] == "internal", (since, r.text)
         async with superuser(db_url) as admin:
             await admin.execute(TAMPERS["bundle deleted"][0])
         r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)

@@ -754,6 +754,10 @@ UPDATE ledger.log_checkpoints SET cosignatures = $3 WHERE tenant_id = $1 AND siz
 SELECT size, root, note, cosignatures, signed_at
 FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
 
+-- name: log_checkpoint_at
+-- The tenant's signed checkpoint of size $2 (GET /v1/log/consistency's `to`).
+SELECT size, note FROM ledger.log_checkpoints WHERE tenant_id = $1 AND size = $2;
+
 -- name: log_position
 -- A committed operation's feed position (its leaf index + 1; NULL while it waits for one), or no row.
 SELECT f.feed_position

@@ -684,10 +684,7 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
         except (ValueError, IndexError):  # the signed leaf's bundle is gone, cut short or unreadable
             leaf = None
         proof = await _from_tiles(conn, tenant, lambda read: merkle.inclusion_proof(index, size, read))
-        try:
-            signed_root = parse_checkpoint(parse_note(row["note"]).text).root
-        except NoteError:
-            signed_root = b""  # a stored note that no longer parses proves nothing either
+        signed_root = _signed_root(row["note"])
         # One check for every edit after logging (the entry, a tile on its path, a root rewritten to
         # match them): the leaf and its path must lead to the root the checkpoint's note signs. Until
         # round 18 only the entry was compared with its level-0 tile (a second read of that tile), and a
@@ -702,22 +699,47 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
     return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
 
 
+def _signed_root(note: str) -> bytes:
+    """The root a stored checkpoint's note signs (b"" when the note no longer parses: it proves
+    nothing then either)."""
+    try:
+        return parse_checkpoint(parse_note(note).text).root
+    except NoteError:
+        return b""
+
+
 async def consistency_of(
     ledger: Ledger, tenant: str, old: int, new: int | None = None
 ) -> tuple[list[bytes], int]:
-    """RFC 9162 consistency proof from size `old` to size `new` (by default the latest checkpoint's
-    size, which may have grown since the caller read a checkpoint), and the size it proves to."""
+    """RFC 9162 consistency proof from size `old` to a signed checkpoint's size `new` (by default the
+    latest one's, which may have grown since the caller read a checkpoint), and the size it proves to.
+
+    Checked before it is served, as proof_of's: with the root of the first `old` leaves from the
+    tiles, the proof must lead to the root the target checkpoint's note signs. Tiles rewritten after
+    signing (however consistently with each other) give a 500 and `log_proof_mismatch`, not a proof
+    no verifier accepts."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_consistency") as (conn, _):
-        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
-        size = 0 if row is None else int(row["size"])
-        if new is not None and not 0 <= new <= size:
-            raise validation_failed([("to", f"must be from 0 to the checkpoint's size {size}")])
-        target = size if new is None else new
+        latest = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+        if latest is None:  # nothing signed yet: the empty tree is consistent with itself only
+            if old != 0 or new not in (None, 0):
+                raise validation_failed([("from", "must be 0: no checkpoint is signed yet")])
+            return [], 0
+        row = latest if new is None else await conn.fetchrow(sql("log_checkpoint_at"), tenant, new)
+        if row is None:
+            size = int(latest["size"])
+            raise validation_failed([("to", f"must be the size of a signed checkpoint (at most {size})")])
+        target = int(row["size"])
         if old < 0 or old > target:
             raise validation_failed([("from", f"must be from 0 to the proof's target size {target}")])
-        proof: list[bytes] = await _computed(
-            conn, tenant, lambda read: merkle.consistency_proof(old, target, read)
-        )
+        proof = await _from_tiles(conn, tenant, lambda read: merkle.consistency_proof(old, target, read))
+        old_root = await _tile_root(conn, tenant, old)
+        if (
+            proof is None
+            or old_root is None
+            or not merkle.verify_consistency(old, target, old_root, _signed_root(row["note"]), proof)
+        ):
+            log.error("log_proof_mismatch", tenant=tenant, size=target, since=old)
+            raise LogTampered("the stored log no longer proves the checkpoint's consistency")
     return proof, target
 
 
