@@ -23,7 +23,6 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import asyncpg
 import httpx
 import pytest
 
@@ -130,12 +129,9 @@ async def test_tampered_history_gets_no_new_checkpoint(
         receipts = {
             op: (await get(client, f"/v1/operations/{op}", **AUDITOR)).json()["receipt"] for op in ops
         }
-        owner = await asyncpg.connect(db_url)
-        try:
-            assert await owner.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-            assert (await owner.execute(statement)).endswith(" 1")
-        finally:
-            await owner.close()
+        async with superuser(db_url) as admin:
+            assert await admin.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            assert (await admin.execute(statement)).endswith(" 1")
         for i in range(3 if grow else 0):  # idle: the audit finds it all the same
             await committed(client, f"later-{i}")
         got = await until(lambda: refused_reasons(running), f"a refusal for the edited {what}", within=60)
@@ -357,19 +353,13 @@ def with_name(url: str, name: str) -> str:
 
 
 async def copy_database(admin_url: str, source: str, target: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
+    async with superuser(admin_url) as admin:
         await admin.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source}"')
-    finally:
-        await admin.close()
 
 
 async def drop_database(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
+    async with superuser(admin_url) as admin:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -473,11 +463,8 @@ async def test_accepting_the_loss_is_recorded_and_unblocks(
         assert json.loads(done.stdout.strip().splitlines()[-1]) == {
             "log_recover": {"t1": {"accepted_loss": 1}}
         }
-        owner = await asyncpg.connect(restored.database_url)
-        try:
-            row = await owner.fetchrow("SELECT kind, signed_size, db_size, reason FROM ledger.log_decisions")
-        finally:
-            await owner.close()
+        async with superuser(restored.database_url) as admin:
+            row = await admin.fetchrow("SELECT kind, signed_size, db_size, reason FROM ledger.log_decisions")
         assert dict(row) == {
             "kind": "accept_loss",
             "signed_size": 2,
@@ -576,11 +563,8 @@ async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
     async with Service(settings) as off, off.client() as client:  # the log is not running yet
         for i in range(3):
             await committed(client, f"op-{i}")
-    owner = await asyncpg.connect(db_url)
-    try:
-        assert await owner.execute(EDITED_BEFORE_LOGGED[what]) == "UPDATE 1"
-    finally:
-        await owner.close()
+    async with superuser(db_url) as admin:
+        assert await admin.execute(EDITED_BEFORE_LOGGED[what]) == "UPDATE 1"
     async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
         await until(lambda: refusals(running, "receipt_mismatch"), "the edited receipt refused", within=60)
         await wait_for_size(client, 1)  # op-0 only: op-1's chain does not record what its row says

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -249,10 +250,6 @@ async def _intact_receipts(
     return checked
 
 
-def _seq_of(row: Mapping[str, Any]) -> int:
-    return int(row["seq"])
-
-
 async def _intact_slice(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
 ) -> None:
@@ -262,7 +259,7 @@ async def _intact_slice(
         chains.setdefault(row["operation_id"], []).append(row)
     for chain in chains.values():  # the query leaves the order to us: each chain by seq
         if len(chain) > 1:  # (an operation without events has one row, its seq NULL)
-            chain.sort(key=_seq_of)
+            chain.sort(key=itemgetter("seq"))
     intact = checked.intact
     for row in rows:
         chain = chains.get(row["operation_id"], [])
