@@ -393,9 +393,10 @@ async def test_a_worker_replaced_while_the_database_is_down_is_tried_again_until
     tmp_path: Path,
 ) -> None:
     """The database goes down, then the only worker dies: its replacement cannot start (its lifespan
-    opens the pools, waiting DATABASE_STARTUP_WAIT_SECONDS for the database). The supervisor stays up, logs each failed start and tries again with a growing
-    pause; once the database is back a replacement starts and serves. Until round 18 the first failed
-    replacement stopped the whole server (exit 1), as a failed first start does."""
+    opens the pools, waiting DATABASE_STARTUP_WAIT_SECONDS for the database). The supervisor stays up,
+    logs each failed start and tries again with a growing pause; once the database is back a
+    replacement starts and serves. Until round 18 the first failed replacement stopped the whole server
+    (exit 1), as a failed first start does."""
     from effect_ledger.db.migrate import migrate
     from effect_ledger.settings import Settings
     from support.processes import ScratchPostgres
@@ -411,7 +412,8 @@ async def test_a_worker_replaced_while_the_database_is_down_is_tried_again_until
             background_sweep="false",
             database_url=url,
             log_enabled="false",
-            database_startup_wait_seconds="1",  # a replacement's own wait for the database: 1 s, then it fails
+            # a replacement's own wait for the database: 1 s, then it fails
+            database_startup_wait_seconds="1",
         )
         [worker] = spawned_workers(served.proc.pid)
         await asyncio.to_thread(pg.down)

@@ -1,7 +1,8 @@
 """The receipts log against the database's own operators (API.md section 14), as the superuser:
 
-- an edited receipt, tile or entry, or a dropped operation, gets no new checkpoint signed over it; the refusal is counted
-  (effect_ledger_log_refusals_total{reason}) and logged, and the proof files saved before still verify;
+- an edited receipt, tile or entry, or a dropped operation, gets no new checkpoint signed over it; the
+  refusal is counted (effect_ledger_log_refusals_total{reason}) and logged, and the proof files saved
+  before still verify;
 - a database restored from an older copy (CREATE DATABASE ... TEMPLATE of a snapshot) is behind the
   signer: executor writes answer 503 and /readyz names log_behind_signer, until `effect-ledger
   log-recover --entries DIR` re-creates the lost receipts as tombstones (each lost ID answers
@@ -219,11 +220,8 @@ async def test_a_rewritten_leaf_gets_no_proof_that_would_not_verify(
         for op in ("op-0", "op-3"):  # op-3's proof carries the rewritten leaf's hash in its path
             r = await get(client, "/v1/log/proof", {"operation_id": op}, **AUDITOR)
             assert r.status_code == 500 and r.json()["code"] == "internal", (op, r.text)
-        for since in (
-            1,
-            3,
-            5,
-        ):  # the consistency proof too: from the tiles, it no longer leads to the signed root
+        # the consistency proof too: from the tiles, it no longer leads to the signed root
+        for since in (1, 3, 5):
             r = await get(client, "/v1/log/consistency", {"from": since}, **AUDITOR)
             assert r.status_code == 500 and r.json()["code"] == "internal", (since, r.text)
         async with superuser(db_url) as admin:
