@@ -114,12 +114,15 @@ async def sweeper_sweeps(service: Service, node: Node, operation_id: str, within
 
 
 async def every_worker_started(node: Node, workers: int) -> None:
-    """Wait until each `serve` worker has finished its start-up on `node`: /readyz answers from the first
-    one up, while another may still be starting. Each worker opens its own pools, then, last of its
-    start-up steps that reach the database, one owner connection each for the receipts log's integrator
-    and checkpointer (`effect-ledger-maintenance`, held while it serves). Without this wait the primary
-    could be killed while a worker was still opening its pools: that worker's start-up fails, it exits,
-    and granian stops the whole server (its port then refuses: the 1-in-6 failure this replaces)."""
+    """Wait until each `serve` worker has reached the end of its start-up on `node`: /readyz answers from
+    the first one up, while another may still be starting. Each worker opens its own pools, then the
+    receipts log's checkpointer and integrator their owner connection each (`effect-ledger-maintenance`,
+    a backlog probe's too: the count is a floor). The kill then meets serving workers, and `before`
+    reads the primary. Until round 20 this wait was what kept the server up: a worker that met the
+    kill between its pools and its log connections failed its start-up and exited, and granian
+    stopped the whole server (its port refused; CI met it with this wait, whose count a backlog
+    probe can fill early). The log's loops now open their connections themselves and open them again
+    after a failed pass (db.maintenance.OwnerLink)."""
     conn = await node.owner()
     try:
         await until(
@@ -330,16 +333,31 @@ async def test_migrate_and_serve_follow_a_multi_host_url_through_a_failover(pg_t
                 while time.monotonic() - promoted < RESUME_LIMIT_SECONDS:
                     try:
                         answer = await http.post("/v1/operations/cli-1/claim", json=body)
-                    except httpx.ConnectError as lost:  # the service itself must stay up through it
-                        raise AssertionError(f"serve stopped answering: {served.log_tail()}") from lost
+                    except httpx.ConnectError:  # the service itself must stay up through it
+                        # from None: the transport's traceback would push serve's log out of CI's view
+                        raise AssertionError(f"serve stopped answering: {served.log_tail()}") from None
                     if answer.status_code != 503:
                         break
                     assert answer.json()["code"] == "unavailable" and answer.headers["retry-after"]
                     await asyncio.sleep(0.1)
                 resumed = time.monotonic() - promoted
+                assert answer.status_code == 201, (answer.status_code, answer.text, served.log_tail())
                 # every worker process follows (each has its own pools); /readyz lands on any of them
                 checks = [(await http.get("/readyz")).json()["checks"] for _ in range(6)]
-            assert answer.status_code == 201, (answer.status_code, answer.text, served.log_tail())
+                # and so does the receipts log's integrator: a receipt committed on the new primary is
+                # logged (leaf 0: cli-0 never committed). Until round 20 the integrator kept its dead
+                # connection to the old primary and the log stopped growing until a restart.
+                claimed = answer.json()["claim"]["token"]
+                receipt = {"outcome": "committed", "receipt": {"external_ref": "after-failover"}}
+                for step, extra in (("submit", {}), ("complete", receipt)):
+                    done = await http.post(f"/v1/operations/cli-1/{step}", json={"token": claimed, **extra})
+                    assert done.status_code == 200, done.text
+                logged = await until(
+                    lambda: http.get("/v1/operations/cli-1"),
+                    "cli-1 in the receipts log",
+                    holds=lambda r: r.json()["log_index"] is not None,
+                )
+            assert logged.json()["log_index"] == 0
             assert refused.status_code == 503 and refused.json()["incident"].startswith("inc_")
             assert resumed < RESUME_LIMIT_SECONDS
             assert before["server"] == primary.address

@@ -289,6 +289,29 @@ async def test_a_pass_that_fills_its_batch_is_followed_at_once(
         await owner.close()
 
 
+async def test_the_log_loops_open_new_connections_after_theirs_were_cut(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """The server cuts the integrator's and the checkpointer's owner connections (pg_terminate_backend,
+    as a failover or an idle-session reaper would): their next passes open new ones (OwnerLink) and the
+    log keeps growing and being signed. Until round 20 each loop kept the connection it opened at
+    start-up and failed every later pass on it, until the service restarted."""
+    cut_ours = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'effect-ledger-maintenance'"
+    )
+    async with (
+        Service(log_settings(settings, tmp_path)) as running,
+        running.client() as client,
+        owner(db_url) as superuser,
+    ):
+        await committed(client, "before-the-cut")
+        await wait_for_size(client, 1)
+        assert await superuser.fetchval(cut_ours) >= 2  # the integrator's and the checkpointer's
+        await committed(client, "after-the-cut")
+        await wait_for_size(client, 2)
+
+
 async def test_a_tenant_held_by_another_writer_is_tried_again_soon(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:

@@ -73,6 +73,32 @@ async def owner_connection(settings: Settings) -> asyncpg.Connection:
     return conn
 
 
+class OwnerLink:
+    """One owner connection kept by a loop of `serve` (the receipts log's integrator, checkpointer or
+    guard): opened at first use, and opened again after a pass failed. A pass cut by a failover
+    fails, is logged, and the next finds the new primary through the URL's host list; start-up never
+    fails on it (a worker whose start-up failed would stop the whole server under granian). Until
+    round 20 these loops held the connection they opened at start-up: after a failover they failed
+    every pass on the dead one, and the log stopped growing until a restart."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: asyncpg.Connection | None = None
+
+    async def get(self) -> asyncpg.Connection:
+        """The open connection, or a new one when there is none or it was closed under us."""
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await owner_connection(self._settings)
+        return self._conn
+
+    async def drop(self) -> None:
+        """After a failed pass: close the connection (its session state, held locks and all); the next
+        `get` opens a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+
+
 @asynccontextmanager
 async def exclusive(conn: asyncpg.Connection, key: tuple[int, int]) -> AsyncIterator[bool]:
     """Hold the advisory lock `key` for the block; yields False (and holds nothing) when it is taken."""

@@ -37,7 +37,7 @@ import structlog
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import in_background, owner_connection
+from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
@@ -782,12 +782,16 @@ async def background_log(
             yield
         return
     witnesses = witness_config(settings)
-    integrating = await owner_connection(settings)
-    checkpointing = await owner_connection(settings)
-    try:
-        await checkpoint(checkpointing, signer, config, guard, refuse)
-    except Exception as exc:  # the loop below retries; a start-up blip must not stop the service
-        log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
+    integrating, checkpointing = OwnerLink(settings), OwnerLink(settings)
+
+    async def checkpoint_pass() -> None:
+        try:
+            conn = await checkpointing.get()
+            for tenant, size in await checkpoint(conn, signer, config, guard, refuse):
+                await submit_to_witnesses(conn, signer, config, witnesses, tenant, size)
+        except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
+            await checkpointing.drop()
+            log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
 
     async def integrate_loop() -> None:
         # A pass that filled a batch is followed by the next at once (a backlog, after a restart or a
@@ -799,38 +803,37 @@ async def background_log(
         while True:
             outcome: Pass = "done"
             try:
-                outcome = await integrate(integrating, settings.log_batch_size, guard, refuse)
+                outcome = await integrate(await integrating.get(), settings.log_batch_size, guard, refuse)
             except Exception as exc:
+                await integrating.drop()
                 log.warning("log_integrate_failed", exception_type=type(exc).__name__)
             await asyncio.sleep(waits[outcome])
 
     async def checkpoint_loop() -> None:
         while True:
             await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
-            try:
-                for tenant, size in await checkpoint(checkpointing, signer, config, guard, refuse):
-                    await submit_to_witnesses(checkpointing, signer, config, witnesses, tenant, size)
-            except Exception as exc:
-                log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
+            await checkpoint_pass()
 
+    await checkpoint_pass()  # the first one (it finds a database behind the signer) before serving
     try:
         async with in_background(integrate_loop(), checkpoint_loop()):
             yield
     finally:
-        for conn in (integrating, checkpointing):
-            await conn.close()
+        await integrating.drop()
+        await checkpointing.drop()
 
 
 @asynccontextmanager
 async def _watching_guard(
     settings: Settings, signer: LogSigner, config: LogConfig, guard: LogGuard
 ) -> AsyncIterator[None]:
-    conn = await owner_connection(settings)
+    link = OwnerLink(settings)
 
     async def watch() -> None:
         try:
-            await watch_guard(conn, signer, config, guard)
+            await watch_guard(await link.get(), signer, config, guard)
         except Exception as exc:  # the next pass retries; the guard keeps what it last knew
+            await link.drop()
             log.warning("log_guard_failed", exception_type=type(exc).__name__)
 
     async def watch_loop() -> None:
@@ -843,7 +846,7 @@ async def _watching_guard(
         async with in_background(watch_loop()):
             yield
     finally:
-        await conn.close()
+        await link.drop()
 
 
 # ---- witnesses (c2sp.org/tlog-witness) ------------------------------------------------------------
