@@ -54,27 +54,51 @@ def machine_busy_seconds() -> float:
 PF_KTHREAD = 0x00200000  # a kernel thread (include/linux/sched.h), in /proc/PID/stat's flags
 
 
-def kernel_busy_seconds() -> float:
-    """CPU seconds the kernel spent on its own since boot: interrupts and softirqs (charged to no
-    process) and every kernel thread's time."""
+@dataclass(frozen=True)
+class KernelSample:
+    """The kernel's own CPU at one moment: interrupt and softirq ticks (charged to no process) and
+    each kernel thread's utime + stime ticks, by (pid, start time): a pid can be reused."""
+
+    interrupts: int
+    threads: dict[tuple[int, int], int]
+
+
+def kernel_sample() -> KernelSample:
+    """Read the kernel's own CPU now (/proc/stat, then every kernel thread's /proc/PID/stat)."""
     first = Path("/proc/stat").read_text().splitlines()[0].split()
-    ticks = int(first[6]) + int(first[7])  # irq softirq
+    threads: dict[tuple[int, int], int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            ticks += kernel_thread_ticks(Path(entry.path, "stat").read_text())
+            fields = stat_fields(Path(entry.path, "stat").read_text())
         except OSError:
             continue  # it ended meanwhile
+        ticks = kernel_thread_ticks(fields)
+        if ticks is not None:
+            threads[(int(entry.name), int(fields[19]))] = ticks  # starttime, the 22nd field
+    return KernelSample(int(first[6]) + int(first[7]), threads)
+
+
+def kernel_seconds(before: KernelSample, after: KernelSample) -> float:
+    """The kernel's own CPU seconds between two samples: the interrupts' and softirqs' growth, each
+    kernel thread's growth, and the whole time of one that started in between. One that ended in
+    between counts nothing: its ticks left with it. Until round 20 the bench summed the threads alive
+    at each end and subtracted: a kworker that exited during a layer (the kernel retires idle ones)
+    took its whole lifetime's ticks out of the kernel's share, which read negative (-0.36 cores), and
+    the same amount went to "other load" and withheld a run that had nothing else running."""
+    ticks = after.interrupts - before.interrupts
+    for key, now in after.threads.items():
+        ticks += now - before.threads.get(key, 0)
     return ticks / TICKS
 
 
-def kernel_thread_ticks(stat: str) -> int:
-    """A /proc/PID/stat line's utime + stime in clock ticks when it is a kernel thread's, else 0."""
-    fields = stat_fields(stat)
+def kernel_thread_ticks(fields: list[str]) -> int | None:
+    """A /proc/PID/stat line's utime + stime in clock ticks (its fields after the command, stat_fields)
+    when it is a kernel thread's, else None."""
     if int(fields[6]) & PF_KTHREAD:  # flags, the 9th field of the whole line
         return int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th)
-    return 0
+    return None
 
 
 def load_average() -> float:
@@ -102,6 +126,7 @@ class Window:
     wal_bytes: int = 0
     commits: int = 0
     _start: dict[str, float] = field(default_factory=dict)
+    _kernel_start: KernelSample | None = None
     _log_start: float | None = None  # None: no log process (or nothing asked for it)
 
     async def _counters(self) -> tuple[int, int]:
@@ -122,10 +147,10 @@ class Window:
             "self": self_cpu_seconds(),
             "clients": children_cpu_seconds(),
             "busy": machine_busy_seconds(),
-            "kernel": kernel_busy_seconds(),
             "lsn": float(lsn),
             "commits": float(commits),
         }
+        self._kernel_start = kernel_sample()
         self._log_start = self.log_process() if self.log_process is not None else None
 
     async def close(self) -> None:
@@ -141,7 +166,8 @@ class Window:
         own = self_cpu_seconds() - s["self"]
         self.client_cpu = children_cpu_seconds() - s["clients"]
         busy = machine_busy_seconds() - s["busy"]
-        kernel = kernel_busy_seconds() - s["kernel"]
+        assert self._kernel_start is not None, "close() before open()"
+        kernel = kernel_seconds(self._kernel_start, kernel_sample())
         ours = (pg or 0.0) + self.client_cpu + own + (0.0 if self.python_in_self else python)
         self.kernel_cores = kernel / max(self.seconds, 1e-9)
         self.other_cores = max(busy - ours - kernel, 0.0) / max(self.seconds, 1e-9)

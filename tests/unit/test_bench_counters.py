@@ -7,7 +7,14 @@ import os
 import time
 from pathlib import Path
 
-from effect_ledger_bench.counters import PF_KTHREAD, kernel_busy_seconds, kernel_thread_ticks
+from effect_ledger_bench.counters import (
+    PF_KTHREAD,
+    KernelSample,
+    kernel_sample,
+    kernel_seconds,
+    kernel_thread_ticks,
+)
+from effect_ledger_bench.procs import TICKS, stat_fields
 
 
 def _stat_line(command: str, flags: int, utime: int, stime: int) -> str:
@@ -16,13 +23,13 @@ def _stat_line(command: str, flags: int, utime: int, stime: int) -> str:
 
 
 def test_a_kernel_threads_ticks_count_and_a_process_does_not() -> None:
-    assert kernel_thread_ticks(_stat_line("kworker/1:0H-kblockd", PF_KTHREAD | 0x40, 7, 5)) == 12
-    assert kernel_thread_ticks(_stat_line("postgres", 0x400140, 7, 5)) == 0
+    assert kernel_thread_ticks(stat_fields(_stat_line("kworker/1:0H-kblockd", PF_KTHREAD | 0x40, 7, 5))) == 12
+    assert kernel_thread_ticks(stat_fields(_stat_line("postgres", 0x400140, 7, 5))) is None
 
 
 def test_a_command_with_spaces_and_parentheses_is_read_past() -> None:
-    assert kernel_thread_ticks(_stat_line("odd ) name (x) 9 9", PF_KTHREAD, 3, 4)) == 7
-    assert kernel_thread_ticks(_stat_line("odd ) name (x) 9 9", 0, 3, 4)) == 0
+    assert kernel_thread_ticks(stat_fields(_stat_line("odd ) name (x) 9 9", PF_KTHREAD, 3, 4))) == 7
+    assert kernel_thread_ticks(stat_fields(_stat_line("odd ) name (x) 9 9", 0, 3, 4))) is None
 
 
 def test_the_real_kthreadd_is_a_kernel_thread_and_this_process_is_not() -> None:
@@ -31,23 +38,35 @@ def test_the_real_kthreadd_is_a_kernel_thread_and_this_process_is_not() -> None:
         pass
     own = Path("/proc/self/stat").read_text()
     assert int(own[own.rindex(")") + 2 :].split()[11]) > 0
-    assert kernel_thread_ticks(own) == 0
+    assert kernel_thread_ticks(stat_fields(own)) is None
     kthreadd = Path("/proc/2/stat").read_text()
     assert "(kthreadd)" in kthreadd and int(kthreadd.split()[8]) & PF_KTHREAD
     fields = kthreadd.split()
-    assert kernel_thread_ticks(kthreadd) == int(fields[13]) + int(fields[14])
+    assert kernel_thread_ticks(stat_fields(kthreadd)) == int(fields[13]) + int(fields[14])
+    sample = kernel_sample()
+    assert sample.threads[(2, int(fields[21]))] == int(fields[13]) + int(fields[14])  # by pid and start
+    assert not any(pid == os.getpid() for pid, _ in sample.threads)
 
 
 def test_the_kernels_share_holds_interrupt_time_and_not_a_process_cpu() -> None:
     fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    irq = (int(fields[6]) + int(fields[7])) / os.sysconf("SC_CLK_TCK")
-    first = kernel_busy_seconds()
-    assert first >= irq  # interrupts and softirqs, read after them
+    irq = int(fields[6]) + int(fields[7])
+    first = kernel_sample()
+    assert first.interrupts >= irq  # interrupts and softirqs, read after them
     start = time.process_time()
     while time.process_time() - start < 0.4:  # 0.4 s of this (user) process's CPU
         pass
     # none of it is the kernel's: the kernel's share grew by far less than what this process burnt
-    assert kernel_busy_seconds() - first < 0.2
+    assert 0 <= kernel_seconds(first, kernel_sample()) < 0.2
+
+
+def test_a_kernel_thread_that_ended_takes_nothing_away_and_a_new_one_counts_whole() -> None:
+    """Round 20: a kworker retired during a layer took its lifetime's ticks out of the kernel's share
+    (-0.36 cores), and the quiet rule read them as another process's load."""
+    before = KernelSample(1000, {(7, 100): 50_000, (8, 100): 300, (9, 100): 40})
+    # 7 ended (its 50,000 ticks gone), 8 grew by 20, pid 9 is a new thread (another start time), 11 new
+    after = KernelSample(1010, {(8, 100): 320, (9, 900): 6, (11, 950): 4})
+    assert kernel_seconds(before, after) == (10 + 20 + 6 + 4) / TICKS
 
 
 _FAMILY = """
