@@ -386,7 +386,9 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(
         reader = conns[0]
         size, root = await reader.fetchrow("SELECT size, root FROM ledger.log_state WHERE tenant_id = 't1'")
         assert sum(appended) == 600, (appended, size)
-        tiles_rows = await reader.fetch("SELECT level, idx, data FROM ledger.log_tiles WHERE tenant_id = 't1'")
+        tiles_rows = await reader.fetch(
+            "SELECT level, idx, data FROM ledger.log_tiles WHERE tenant_id = 't1'"
+        )
         # bundles are stored as written, never compressed (migration 0018; not on Citus, which refuses
         # the column's storage change): pglz of every pass's rewrite of the growing bundle was most of
         # log_tile_put's cost
