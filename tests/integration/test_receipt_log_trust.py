@@ -476,6 +476,48 @@ async def test_accepting_the_loss_is_recorded_and_unblocks(
         await drop_database(pg_admin_url, snapshot)
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["log-in-worker", "guard-only-worker"])
+async def test_writes_wait_until_the_guard_has_compared_the_database_with_the_signer(
+    elsewhere: bool, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that starts while its signer is unreachable cannot know whether its database is a
+    restored backup (behind what the signer signed): executor writes answer 503 (`log_not_checked`,
+    an incident) and /readyz says so, until a pass reaches the signer; then they go through. Until
+    round 20 such a worker served writes at once (fail-open): its first pass's failure was only
+    logged. Both kinds of worker: the log in it, or only the guard (serve's log process does the rest)."""
+    monkeypatch.setattr(receipt_log, "_ELSEWHERE", [elsewhere])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    token = tmp_path / "signer-token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    port = free_port()  # nothing listens there yet
+    remote = log_settings(
+        settings, tmp_path, log_signer_url=f"http://127.0.0.1:{port}", log_signer_token_file=str(token)
+    )
+    async with Service(remote) as running, running.client() as client:
+        refused = await claim(client, "before-the-signer")
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable", refused.text
+        assert refused.json()["incident"].startswith("inc_")
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["checks"]["log"] == "log_not_checked"
+        signer_args = ("log-signer", "--generate-key", "--key", str(tmp_path / "key"), "--state")
+        with cli_process(
+            *signer_args,
+            str(tmp_path / "state"),
+            "--token-file",
+            str(token),
+            "--listen-port",
+            str(port),
+            env=env,
+        ):
+            granted = await until(
+                lambda: claim(client, "before-the-signer"),
+                "the claim once a pass reached the signer",
+                holds=lambda r: r.status_code != 503,
+            )
+            assert granted.status_code == 201, granted.text
+            assert (await client.get("/readyz")).status_code == 200
+
+
 async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settings, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
     key = tmp_path / "signer" / "key"

@@ -69,7 +69,11 @@ IDLE_AUDIT_HORIZON = 3600  # seconds after its last checkpoint during which an i
 @dataclass
 class LogGuard:
     """What the log knows that the executor path must honour: tenants whose database log is behind
-    what the signer signed (a restored backup). While any is, executor writes are refused."""
+    what the signer signed (a restored backup). While any is, executor writes are refused; and until
+    a first pass has compared the database with the signer (`checked`), nothing is known, and they are
+    refused too (`log_not_checked`): a worker whose first pass failed (the signer or the database
+    unreachable at start-up) must not serve writes on a database that may be a restored backup.
+    Where the log is off, background_log marks the guard checked at once."""
 
     behind: dict[str, tuple[int, int]] = field(default_factory=dict)  # tenant -> (db size, signed size)
     checked: bool = False
@@ -78,8 +82,11 @@ class LogGuard:
     audited_at: dict[str, float] = field(default_factory=dict)  # tenant -> last idle audit (epoch s)
 
     @property
-    def blocked(self) -> bool:
-        return bool(self.behind)
+    def refusal(self) -> str | None:
+        """Why executor writes are refused now (`log_behind_signer`, `log_not_checked`), else None."""
+        if self.behind:
+            return "log_behind_signer"
+        return None if self.checked else "log_not_checked"
 
     def audit_range(self, tenant: str, signed_size: int) -> tuple[int, int]:
         """The leaves [start, end) of the signed log the next audit re-checks: AUDIT_BUNDLES whole
@@ -773,6 +780,7 @@ async def background_log(
     only the guard is kept, by a watch_guard pass before serving and then every second, on one owner
     connection; refusals are the log process's to count."""
     if not settings.log_enabled or not settings.database_url:
+        guard.checked = True  # no log: nothing to be behind
         yield
         return
     signer = signer_from_settings(settings)

@@ -39,8 +39,11 @@ def refuse_while_state_log_behind(state: Any) -> None:
     """The same check on the app's state, for http.fastpath (no Request there); DatabaseUnavailable
     reaches the app's handler for it on both paths, which records the incident."""
     guard = getattr(state, "log_guard", None)
-    if guard is not None and guard.blocked:
-        raise DatabaseUnavailable("log_behind_signer", "LogBehindSigner")
+    refusal = None if guard is None else guard.refusal
+    if refusal is not None:
+        raise DatabaseUnavailable(
+            refusal, "LogBehindSigner" if refusal == "log_behind_signer" else "LogNotChecked"
+        )
 
 
 def audit_ledger_of(request: Request[Any, Any, Any]) -> Ledger:

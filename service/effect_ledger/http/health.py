@@ -24,9 +24,10 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     watcher = getattr(request.app.state.pools, "server", None)
     ok, checks = await database_ready(request.app.state.ledger, request.app.state.migration_head, watcher)
     guard = getattr(request.app.state, "log_guard", None)
-    if guard is not None and guard.blocked:  # API.md section 14: a restored backup stops writes
+    refusal = None if guard is None else guard.refusal
+    if refusal is not None:  # API.md section 14: a restored backup stops writes (so does not knowing)
         ok = False
-        checks = {**checks, "log": "log_behind_signer"}
+        checks = {**checks, "log": refusal}
     return Response(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
     )
