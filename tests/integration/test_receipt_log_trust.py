@@ -29,7 +29,7 @@ import pytest
 
 from effect_ledger.db import receipt_log
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.note import parse_checkpoint, parse_note
+from effect_ledger.domain.note import ALG_COSIGNATURE_V1, Signer, parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
@@ -580,6 +580,88 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
                 )  # fmt: skip
         state = json.loads((tmp_path / "witness" / "state.json").read_text())
         assert state["effect-ledger.local/t1"]["size"] == 4
+
+
+async def test_a_checkpoint_signed_at_start_up_reaches_the_witnesses(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """serve's first checkpointer pass runs before it takes requests and does not wait for witnesses;
+    what it signs goes to them with the next pass. Here the log was integrated to size 3 but not signed
+    when the last service stopped: the new one signs size 3 at start-up, and the witness cosigns it
+    with no further commit. Until round 20 a checkpoint signed at start-up was offered to no witness
+    until the log grew again."""
+    from effect_ledger.db.maintenance import owner_connection
+    from effect_ledger.signer import signer_from_settings
+
+    async with Service(settings) as off, off.client() as client:  # the log off
+        for i in range(3):
+            await committed(client, f"op-{i}")
+    conn = await owner_connection(settings)
+    try:
+        assert await receipt_log.integrate(conn, 10, receipt_log.LogGuard()) == "done"
+        assert await conn.fetchval("SELECT size FROM ledger.log_state WHERE tenant_id = 't1'") == 3
+        assert await conn.fetchval("SELECT count(*) FROM ledger.log_checkpoints") == 0
+    finally:
+        await conn.close()
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
+    with cli_process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey, env=env) as w:
+        witnessed = log_settings(
+            settings, tmp_path, log_witnesses=json.dumps([{"url": w["witness"], "vkey": w["vkey"]}])
+        )
+        async with Service(witnessed) as running, running.client() as client:
+            note = await until(
+                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
+                "size 3 cosigned by the witness",
+                holds=lambda r: r.text.count("\u2014") == 2,
+            )
+            assert parse_checkpoint(parse_note(note.text).text).size == 3
+
+
+async def test_a_witness_that_never_answers_does_not_hold_up_the_start(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The checkpoint signed at start-up goes to the witnesses only once serve is serving: a witness
+    that accepts and never answers (each request cut by the client after 5 s) is still holding its
+    first connection when the service takes its first claim. Until round 20 the start-up pass would
+    have waited it out, 5 s per witness and tenant, before serving (once it offered start-up
+    checkpoints to the witnesses at all)."""
+    from effect_ledger.db.maintenance import owner_connection
+
+    closed_by_the_service: list[bool] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(4096):
+            pass
+        closed_by_the_service.append(True)
+        writer.close()
+
+    async with Service(settings) as off, off.client() as client:  # the log off
+        await committed(client, "op-0")
+    conn = await owner_connection(settings)
+    try:
+        assert await receipt_log.integrate(conn, 10, receipt_log.LogGuard()) == "done"
+    finally:
+        await conn.close()
+    silent = await asyncio.start_server(hang, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    witness_vkey = Signer("silent-witness", secrets.token_bytes(32), ALG_COSIGNATURE_V1).verifier.vkey
+    witnessed = log_settings(
+        settings, tmp_path, log_witnesses=json.dumps([{"url": url, "vkey": witness_vkey}])
+    )
+    try:
+        async with Service(witnessed) as running, running.client() as client:
+            assert (await claim(client, "op-1")).status_code == 201
+            assert closed_by_the_service == []
+            assert (
+                parse_checkpoint(
+                    parse_note((await get(client, "/v1/log/checkpoint", **AUDITOR)).text).text
+                ).size
+                == 1
+            )
+    finally:
+        silent.close()
 
 
 EDITED_BEFORE_LOGGED = {

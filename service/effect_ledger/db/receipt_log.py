@@ -791,12 +791,15 @@ async def background_log(
         return
     witnesses = witness_config(settings)
     integrating, checkpointing = OwnerLink(settings), OwnerLink(settings)
+    unsent: list[tuple[str, int]] = []  # checkpoints signed, not yet offered to the witnesses
 
-    async def checkpoint_pass() -> None:
+    async def checkpoint_pass(witnessed: bool = True) -> None:
         try:
             conn = await checkpointing.get()
-            for tenant, size in await checkpoint(conn, signer, config, guard, refuse):
-                await submit_to_witnesses(conn, signer, config, witnesses, tenant, size)
+            unsent.extend(await checkpoint(conn, signer, config, guard, refuse))
+            while witnessed and unsent:  # a witness that does not answer is logged, not raised
+                await submit_to_witnesses(conn, signer, config, witnesses, *unsent[0])
+                del unsent[0]
         except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
             await checkpointing.drop()
             log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
@@ -822,7 +825,9 @@ async def background_log(
             await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
             await checkpoint_pass()
 
-    await checkpoint_pass()  # the first one (it finds a database behind the signer) before serving
+    # The first pass (it finds a database behind the signer) before serving; what it signs goes to the
+    # witnesses with the next pass, so that a witness slow to answer does not hold up the start.
+    await checkpoint_pass(witnessed=False)
     try:
         async with in_background(integrate_loop(), checkpoint_loop()):
             yield
