@@ -115,14 +115,15 @@ async def sweeper_sweeps(service: Service, node: Node, operation_id: str, within
 
 async def every_worker_started(node: Node, workers: int) -> None:
     """Wait until each `serve` worker has reached the end of its start-up on `node`: /readyz answers from
-    the first one up, while another may still be starting. Each worker opens its own pools, then the
-    receipts log's checkpointer and integrator their owner connection each (`effect-ledger-maintenance`,
-    a backlog probe's too: the count is a floor). The kill then meets serving workers, and `before`
-    reads the primary. Until round 20 this wait was what kept the server up: a worker that met the
-    kill between its pools and its log connections failed its start-up and exited, and granian
-    stopped the whole server (its port refused; CI met it with this wait, whose count a backlog
-    probe can fill early). The log's loops now open their connections themselves and open them again
-    after a failed pass (db.maintenance.OwnerLink)."""
+    the first one up, while another may still be starting. Each HTTP worker opens its own pools, then
+    the receipts log guard's owner connection; serve's log process, the integrator's and the
+    checkpointer's (`effect-ledger-maintenance`: 2 * workers with two workers; a backlog probe's
+    connection has that name too, so the count is a floor). The kill then meets serving workers, and
+    `before` reads the primary. Until round 20 this wait was what kept the server up: a worker that
+    met the kill between its pools and its log connection failed its start-up and exited, and serve's
+    supervisor stopped the whole server, as for any of its first workers (its port refused; CI met it
+    with this wait, whose count a backlog probe can fill early). The log's loops now open their
+    connections themselves and open them again after a failed pass (db.maintenance.OwnerLink)."""
     conn = await node.owner()
     try:
         await until(

@@ -77,7 +77,7 @@ class OwnerLink:
     """One owner connection kept by a loop of `serve` (the receipts log's integrator, checkpointer or
     guard): opened at first use, and opened again after a pass failed. A pass cut by a failover
     fails, is logged, and the next finds the new primary through the URL's host list; start-up never
-    fails on it (a worker whose start-up failed would stop the whole server under granian). Until
+    fails on it (serve stops when one of its first workers fails to start, and granian alike). Until
     round 20 these loops held the connection they opened at start-up: after a failover they failed
     every pass on the dead one, and the log stopped growing until a restart."""
 
