@@ -239,7 +239,9 @@ def _serve_granian(ready: Settings) -> None:
     choose_value_class()
     rsgi = ready.granian_interface == "rsgi"  # docs/performance.md, "Issue 20 item 3: the RSGI entry"
     Granian(
-        "effect_ledger.http.rsgi:rsgi_app_from_env" if rsgi else "effect_ledger.http.app:app_from_env",
+        "effect_ledger.http.rsgi:rsgi_app_from_env"
+        if rsgi
+        else "effect_ledger.http.linger:granian_asgi_app_from_env",
         factory=True,
         address=ready.host,
         port=ready.port,

@@ -232,6 +232,43 @@ async def test_rsgi_answers_exactly_as_asgi_over_http(tmp_path: Path, db_url: st
     assert [line[:6] for line in summaries if line[2] == 500] == [abandoned, abandoned]
 
 
+@pytest.mark.parametrize("interface", ["asgi", "rsgi"])
+async def test_an_oversized_chunked_body_gets_its_413_on_every_route_under_granian(
+    interface: str, tmp_path: Path, db_url: str
+) -> None:
+    """granian closes a connection whose body the app did not read to its end, and the kernel's reset
+    can destroy the answer (httpx: ReadError). The app drains it instead (http.linger), as serve's own
+    server lingers: an executor call (the fast path) and a Litestar route (POST /v1/sessions) each get
+    their 413, five times over fresh connections. Round 20 first drained the executor calls only."""
+    served = await start_serve(
+        tmp_path,
+        http_server="granian",
+        granian_interface=interface,
+        database_url=db_url,
+        background_sweep="false",
+        log_enabled="false",
+        max_body_bytes=str(MAX_BODY),
+    )
+    pad = "x" * MAX_BODY
+    cases = [
+        ("/v1/operations/big/claim", {**CLAIM, "intent": {"pad": pad}}),
+        ("/v1/sessions", {"labels": {"pad": pad}}),
+    ]
+    headers = {**auth("t-big", "w-1", "ledger:execute journal:write"), "content-type": "application/json"}
+    statuses = []
+    try:
+        for path, body in cases:
+            for _ in range(5):
+                async with httpx.AsyncClient(base_url=served.base_url, timeout=30) as http:
+                    answer = await http.post(
+                        path, headers=headers, content=_chunked(json.dumps(body).encode(), 8)
+                    )
+                    statuses.append((path, answer.status_code, answer.json()["code"]))
+    finally:
+        await kill_quietly(served)
+    assert statuses == [(path, 413, "payload_too_large") for path, _ in cases for _ in range(5)]
+
+
 async def test_the_ledger_server_answers_exactly_as_granian_asgi_over_http(
     tmp_path: Path, db_url: str
 ) -> None:

@@ -16,8 +16,6 @@ by the app's own exception handlers, so their incidents are recorded as before.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,28 +154,6 @@ def _replaying(chunks: list[bytes], more: bool, receive: Receive) -> Receive:
     return replay
 
 
-# After a 413, the rest of the body is read and dropped, up to this much and this long, so that the
-# connection closes (or stays open) without unread bytes: closing a socket with unread data makes the
-# kernel send a reset, which can destroy the answer before the client reads it (granian's ASGI server
-# closed it so; httpx then saw a ReadError instead of the 413, in most runs on a quiet machine).
-DRAIN_BYTES = 1 << 20
-DRAIN_SECONDS = 2.0
-
-
-async def _drain(receive: Receive) -> None:
-    """Read and drop the request body's rest, within DRAIN_BYTES and DRAIN_SECONDS."""
-    left = DRAIN_BYTES
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(DRAIN_SECONDS):
-            while left > 0:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                left -= len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return
-
-
 class ExecutorFastPath:
     """ASGI wrapper serving the executor calls directly; everything else goes to `app` (Litestar)."""
 
@@ -204,10 +180,7 @@ class ExecutorFastPath:
         chunks, more = await self._read(scope, receive)
         data = None if more else self._decode(chunks, route)
         if data is None:  # not the plain case: Litestar answers it, exactly as before
-            replay = _replaying(chunks, more, receive)
-            await self.app(scope, replay, send)
-            if more:  # a body over the limit, answered 413 before its end arrived
-                await _drain(replay)
+            await self.app(scope, _replaying(chunks, more, receive), send)
             return
         try:
             refuse_while_state_log_behind(state)  # as writing_ledger_of does on the routed path

@@ -42,6 +42,7 @@ from litestar import Litestar
 from litestar.types import Scope
 
 from effect_ledger.http.lifespan import Lifespan, LifespanFailed
+from effect_ledger.http.linger import drain
 from effect_ledger.settings import Settings
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
@@ -174,6 +175,8 @@ class RSGIEntry:
         exchange = _Exchange(protocol, self._length_of(headers, scope.http_version))
         try:
             await self.app(self._asgi_scope(scope, headers), exchange.receive, exchange.send)
+            if not exchange.finished:  # answered before the body's end (a 413, a 401): http.linger
+                await drain(exchange.receive)
         finally:
             exchange.close()
 
