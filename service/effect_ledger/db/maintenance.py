@@ -91,7 +91,7 @@ class OwnerLink:
             self._conn = await owner_connection(self._settings)
         return self._conn
 
-    async def drop(self) -> None:
+    def drop(self) -> None:
         """After a failed pass: close the connection (its session state, held locks and all); the next
         `get` opens a new one."""
         conn, self._conn = self._conn, None

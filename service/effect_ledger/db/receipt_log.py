@@ -801,7 +801,7 @@ async def background_log(
                 await submit_to_witnesses(conn, signer, config, witnesses, *unsent[0])
                 del unsent[0]
         except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
-            await checkpointing.drop()
+            checkpointing.drop()
             log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
 
     async def integrate_loop() -> None:
@@ -816,7 +816,7 @@ async def background_log(
             try:
                 outcome = await integrate(await integrating.get(), settings.log_batch_size, guard, refuse)
             except Exception as exc:
-                await integrating.drop()
+                integrating.drop()
                 log.warning("log_integrate_failed", exception_type=type(exc).__name__)
             await asyncio.sleep(waits[outcome])
 
@@ -832,8 +832,8 @@ async def background_log(
         async with in_background(integrate_loop(), checkpoint_loop()):
             yield
     finally:
-        await integrating.drop()
-        await checkpointing.drop()
+        integrating.drop()
+        checkpointing.drop()
 
 
 @asynccontextmanager
@@ -846,7 +846,7 @@ async def _watching_guard(
         try:
             await watch_guard(await link.get(), signer, config, guard)
         except Exception as exc:  # the next pass retries; the guard keeps what it last knew
-            await link.drop()
+            link.drop()
             log.warning("log_guard_failed", exception_type=type(exc).__name__)
 
     async def watch_loop() -> None:
@@ -859,7 +859,7 @@ async def _watching_guard(
         async with in_background(watch_loop()):
             yield
     finally:
-        await link.drop()
+        link.drop()
 
 
 # ---- witnesses (c2sp.org/tlog-witness) ------------------------------------------------------------
