@@ -177,6 +177,13 @@ async def test_the_standby_promoted_after_the_primary_is_killed_holds_every_ackn
                 pool_acquire_timeout_ms=2000,
                 rate_limit_per_second=0,
                 log_level="warning",
+                # Asynchronous: the receipts log off. A lost failover whose lost receipts the signer had
+                # already signed leaves the database behind the signer, and the guard then stops every
+                # executor write until log-recover (API.md section 14; test_receipt_log_trust.py's
+                # restored backup): the product working, not what this run measures (what asynchronous
+                # replication loses). Until round 20 the guard never saw it: the log's loops kept
+                # their dead connection to the old primary. Synchronous: on, and it must not trip.
+                log_enabled=sync,
             )
             name = f"failover_{replication}" + ("" if hold else "_unheld")
             with scenario(request, name) as figures:
