@@ -13,6 +13,7 @@ import pytest
 
 from effect_ledger.settings import Settings
 from support.auth import auth, token
+from support.metrics import samples
 from support.server import Service
 
 CLAIM = {"tool": "measure", "tool_version": "2.1.0", "intent": {"sensor": "s-1"}}
@@ -139,6 +140,38 @@ async def test_probes_and_scrapes_log_at_debug_only(
         ("/readyz", "debug"),
         ("/metrics", "debug"),
     ]
+
+
+async def test_a_callers_repeated_429s_log_at_debug_and_are_all_counted(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first 429 of a caller is an info line; the ones it sends before its Retry-After runs out are
+    debug lines (http.pacing), on the fast path and on a routed call alike; the metric counts them all."""
+    limits = json.dumps({"t-flood": {"per_second": 0.001, "burst": 2}})  # Retry-After ~1,000 s
+    limited = replace(settings, rate_limit_overrides=limits, rate_limit_pace_ms=0)
+    flooder = auth("t-flood", "exec-flood")
+    for level in ("info", "debug"):
+        async with Service(replace(limited, log_level=level)) as service, service.client() as http:
+            capsys.readouterr()
+            claims = [
+                await http.post(f"/v1/operations/f-{level}-{n}/claim", json=CLAIM, headers=flooder)
+                for n in range(6)
+            ]
+            read = await http.get(f"/v1/operations/f-{level}-0", headers=flooder)
+            scraped = (await http.get("/metrics")).text
+            lines = [x for x in request_lines(capsys) if x["tenant"] == "t-flood"]
+        assert [c.status_code for c in claims] == [201, 201, 429, 429, 429, 429] and read.status_code == 429
+        counted = sum(
+            v for (name, _), v in samples(scraped).items() if name == "effect_ledger_rate_limited_total"
+        )
+        assert counted == 5
+        expected = [(201, "info"), (201, "info"), (429, "info")]
+        if level == "debug":
+            expected += [(429, "debug")] * 4
+        assert [(x["status"], x["level"]) for x in lines] == expected
+        assert [x["route"] for x in lines][-1] == (
+            "/v1/operations/{operation_id}" if level == "debug" else "/v1/operations/{operation_id}/claim"
+        )
 
 
 async def test_no_token_reaches_the_log(

@@ -42,6 +42,17 @@ def test_a_caller_back_before_its_retry_after_is_held_up_to_the_cap() -> None:
     assert long.hold_for("t", "p", 1) == 1.0  # never longer than the Retry-After
 
 
+def test_a_caller_is_repeating_only_before_its_last_retry_after_runs_out() -> None:
+    clock = Clock()
+    pacer = Pacer(0.0, 10, clock=clock)  # pacing off: refusals are still remembered
+    assert not pacer.repeating("t", "p")  # never refused
+    assert pacer.hold_for("t", "p", 3) == 0.0  # told to wait until 1003
+    clock.now = 1002.9
+    assert pacer.repeating("t", "p") and not pacer.repeating("t", "other") and not pacer.repeating("u", "p")
+    clock.now = 1003.0
+    assert not pacer.repeating("t", "p")  # back when told
+
+
 def test_callers_are_remembered_apart() -> None:
     clock = Clock()
     pacer = Pacer(1.0, 10, clock=clock)

@@ -19,7 +19,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
 from effect_ledger.domain.errors import LedgerError
-from effect_ledger.http.pacing import Pacer
+from effect_ledger.http.pacing import REPEATED_KEY, Pacer
 from effect_ledger.http.ratelimit import RateLimiter
 from effect_ledger.settings import Settings
 
@@ -199,11 +199,14 @@ def admit(scope: Any, state: Any, scopes: Iterable[str]) -> Caller:
 
 async def paced(scope: Any, state: Any, refused: LedgerError) -> LedgerError:
     """The refusal to send for an `admit` that raised `refused`: a 429 is first held by the worker's
-    pacer when its caller keeps sending while refused (http.pacing); anything else as it is."""
+    pacer when its caller keeps sending while refused (http.pacing), and its summary line is quiet
+    (debug) then; anything else as it is."""
     pacer: Pacer | None = getattr(state, "pacer", None)
     if refused.code != "rate_limited" or pacer is None:
         return refused
     caller: Caller = scope[CALLER_KEY]  # the limit is charged only after the token was verified
+    if pacer.repeating(caller.tenant, caller.principal):
+        scope[REPEATED_KEY] = True
     return await pacer.pace(refused, caller.tenant, caller.principal)
 
 

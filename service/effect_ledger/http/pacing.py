@@ -16,6 +16,12 @@ answered at once (a flood of more connections than that costs what it cost befor
 memory without bound). The held answer carries `Retry-After` = the whole seconds, rounded up and at
 least 1, that remain of the decision's Retry-After once the hold is over: the same rule as an
 immediate 429, counted from when it is sent.
+
+A caller's repeated refusals are also **quiet in the log**: a 429 that comes before the caller's last
+Retry-After ran out (`repeating`) gets its request summary line at debug, not info (the request's scope
+says so under REPEATED_KEY; http.telemetry reads it), so a flood writes one info line per caller and
+Retry-After window and worker instead of one per request. Every refusal is still counted
+(`effect_ledger_rate_limited_total`, and `effect_ledger_rate_limit_paced_total` for the held ones).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Awaitable, Callable
 
 from effect_ledger.domain.errors import LedgerError
 
+REPEATED_KEY = "effect_ledger.repeated_refusal"  # in a request's scope: its 429 repeats one (see above)
 REMEMBERED = 4096  # callers whose last Retry-After is remembered per worker (the oldest go first)
 
 
@@ -49,6 +56,12 @@ class Pacer:
         self._sleep = sleep
         self._on_held = on_held
         self._told: dict[tuple[str, str], float] = {}  # caller -> when its last Retry-After runs out
+
+    def repeating(self, tenant: str, principal: str) -> bool:
+        """Whether this caller is back before the Retry-After of its last 429 ran out (read before `pace`,
+        which remembers the new one)."""
+        told = self._told.get((tenant, principal))
+        return told is not None and self._clock() < told
 
     def hold_for(self, tenant: str, principal: str, retry_after: int) -> float:
         """Seconds to hold this caller's 429 (0: answer at once); remembers what it is told now."""

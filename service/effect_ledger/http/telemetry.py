@@ -22,6 +22,7 @@ from effect_ledger import tracing
 from effect_ledger.domain.errors import PROBLEMS, LedgerError
 from effect_ledger.domain.model import EventDraft
 from effect_ledger.http.metrics import ATTEMPT_KINDS, CLAIM_RESULTS, METHODS, Metrics
+from effect_ledger.http.pacing import REPEATED_KEY
 from effect_ledger.http.problems import PROBLEM_JSON, problem_body
 from effect_ledger.logs import summary_enabled, write_summary
 
@@ -243,7 +244,9 @@ class RequestTelemetry:
             if code is not None and code in PROBLEMS:
                 facts["effect_ledger.refusal_code"] = code
             tracing.set_attributes(span, facts)
-        level = logging.DEBUG if route in QUIET_ROUTES and status < 500 else logging.INFO
+        # probes and scrapes, and a refused caller's repeated 429s (http.pacing), at debug
+        quiet = (route in QUIET_ROUTES and status < 500) or REPEATED_KEY in scope
+        level = logging.DEBUG if quiet else logging.INFO
         if not summary_enabled(level):
             return
         caller = scope.get("effect_ledger.caller")  # set by the auth guard, if the route had one
