@@ -263,6 +263,10 @@ async def test_tiles_and_bundles_rebuild_the_signed_root(log: Log) -> None:
     for level in (0, "entries"):
         full, partial = await log.tile(level, 0, TILE_WIDTH), await log.tile(level, 1, size % TILE_WIDTH)
         assert "immutable" in full.headers["cache-control"]
+        # the tenant's, chosen by the token: no shared cache may keep it for another caller (RFC 9111 3.5)
+        directives = {d.strip() for d in full.headers["cache-control"].split(",")}
+        assert "private" in directives and "public" not in directives
+        assert full.headers["vary"] == partial.headers["vary"] == "Authorization"
         max_age = [p for p in full.headers["cache-control"].split(",") if p.strip().startswith("max-age=")]
         assert len(max_age) == 1 and int(max_age[0].split("=")[1]) >= 365 * 86400
         assert "immutable" not in partial.headers["cache-control"]

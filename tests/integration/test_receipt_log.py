@@ -178,9 +178,19 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
         verify = [str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "key.json")]
         ok = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
         assert ok.returncode == 0 and ok.stdout.startswith("OK effect-ledger.local/t1 index 0 of 1"), ok
-        (tmp_path / "receipt.json").write_text(json.dumps({**view["receipt"], "external_ref": "other"}))
-        bad = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
-        assert bad.returncode == 1 and "receipt_digest" in bad.stderr, bad
+        (tmp_path / "view.json").write_text(json.dumps(view))  # the operation view saved whole
+        assert run(*verify, "--receipt", str(tmp_path / "view.json")).returncode == 0
+        shown = view["receipt"]
+        # the receipt file is hashed as given: a member changed, added or dropped is another digest
+        for forged in (
+            {**shown, "external_ref": "other"},
+            {**shown, "amount": 999},
+            {k: v for k, v in shown.items() if k != "observed_at"},
+            {"receipt": shown, "external_ref": "other"},  # not a view: hashed as it is
+        ):
+            (tmp_path / "receipt.json").write_text(json.dumps(forged))
+            bad = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
+            assert bad.returncode == 1 and "receipt_digest" in bad.stderr, (forged, bad)
         r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
         assert r.status_code == 403
         assert (await client.get("/v1/log/checkpoint")).status_code == 401

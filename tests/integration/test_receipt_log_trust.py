@@ -619,6 +619,40 @@ async def test_a_checkpoint_signed_at_start_up_reaches_the_witnesses(
             assert parse_checkpoint(parse_note(note.text).text).size == 3
 
 
+async def test_a_checkpoint_a_witness_missed_is_offered_again_until_it_is_cosigned(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A witness that is down when a checkpoint is signed cosigns it once it is back, with no further
+    commit: the service offers a checkpoint some witness did not cosign again (after 1 s, then after
+    twice the wait each time). Until round 21 it was offered once: an idle log kept an uncosigned
+    checkpoint, and proofs no quorum accepts, until it grew again."""
+    from effect_ledger.signer import signer_from_settings
+
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    port = free_port()
+    witness_args = ("witness", "--port", str(port), "--state", str(tmp_path / "witness"))
+    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    with cli_process(*witness_args, env=env) as w:  # started once for its key and URL, then stopped
+        witness = {"url": w["witness"], "vkey": w["vkey"]}
+    witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
+    async with Service(witnessed) as running, running.client() as client:
+        await committed(client, "op-0")
+        await wait_for_size(client, 1)
+        alone = (await get(client, "/v1/log/checkpoint", **AUDITOR)).text
+        assert alone.count("\u2014") == 1  # the log's own signature: the witness is down
+        with cli_process(*witness_args, env=env):
+            note = await until(
+                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
+                "size 1 cosigned once the witness is back",
+                holds=lambda r: r.text.count("\u2014") == 2,
+                within=30,
+            )
+        assert parse_checkpoint(parse_note(note.text).text).size == 1
+        proof = (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).text
+        assert verify_proof(proof, vkey, [witness["vkey"]]).cosigned_by == (witness["vkey"].split("+")[0],)
+
+
 async def test_a_witness_that_never_answers_does_not_hold_up_the_start(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -168,6 +168,17 @@ def test_a_proof_file_verifies_offline_and_every_change_is_caught() -> None:
         data[3], 3, inclusion_proof(3, 5, read), cp + cosign(cp.split("\n\n")[0] + "\n", witness, 7).line
     )
     assert verify_proof(cosigned, vkey, [witness.verifier.vkey]).cosigned_by == ("w.example/1",)
+    # the log's own key given as a witness (either signature type) never counts towards a quorum
+    own = note.Signer(log_signer.name, bytes(range(1, 33)), note.ALG_COSIGNATURE_V1)
+    for as_witness in (vkey, own.verifier.vkey):
+        with pytest.raises(ProofInvalid, match="the log's own key"):
+            verify_proof(cosigned, vkey, [witness.verifier.vkey, as_witness], quorum=1)
+    # one witness key under a second name is still one witness: a quorum of 2 is not met
+    alias = note.Signer("w.example/alias", bytes(range(2, 34)), note.ALG_COSIGNATURE_V1)
+    twice = cosigned + cosign(cp.split("\n\n")[0] + "\n", alias, 7).line
+    assert verify_proof(twice, vkey, [witness.verifier.vkey, alias.verifier.vkey], quorum=1).cosigned_by
+    with pytest.raises(ProofInvalid, match="1 witness cosignatures verify, quorum is 2"):
+        verify_proof(twice, vkey, [witness.verifier.vkey, alias.verifier.vkey], quorum=2)
     receipt = {"external_ref": "x"}
     with pytest.raises(ProofInvalid, match="receipt_digest"):
         verify_proof(text, vkey, receipt=receipt)

@@ -52,8 +52,8 @@ def verify_proof_file(
             shown = json.loads(Path(receipt).read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ProofInvalid("the receipt file is not JSON") from exc
-        if isinstance(shown, dict) and isinstance(shown.get("receipt"), dict):
-            shown = shown["receipt"]  # an operation view saved whole: its receipt member
+        if isinstance(shown, dict) and "operation_id" in shown and isinstance(shown.get("receipt"), dict):
+            shown = shown["receipt"]  # an operation view saved whole (a receipt has no operation_id)
     return verify_proof(text, _key(vkey), [_key(w) for w in witnesses], quorum, shown)
 
 

@@ -792,14 +792,18 @@ async def background_log(
     witnesses = witness_config(settings)
     integrating, checkpointing = OwnerLink(settings), OwnerLink(settings)
     unsent: list[tuple[str, int]] = []  # checkpoints signed, not yet offered to the witnesses
+    missed = WitnessRetries()  # checkpoints a witness did not cosign, offered again until it does
 
     async def checkpoint_pass(witnessed: bool = True) -> None:
         try:
             conn = await checkpointing.get()
             unsent.extend(await checkpoint(conn, signer, config, guard, refuse))
             while witnessed and unsent:  # a witness that does not answer is logged, not raised
-                await submit_to_witnesses(conn, signer, config, witnesses, *unsent[0])
+                tenant, size = unsent[0]
+                missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
                 del unsent[0]
+            for tenant, size in missed.due() if witnessed else ():
+                missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
         except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
             checkpointing.drop()
             log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
@@ -927,14 +931,11 @@ async def _cosign_one(
 
 
 async def submit_to_witnesses(
-    conn: asyncpg.Connection,
-    signer: LogSigner,
-    config: LogConfig,
-    witnesses: Witnesses,
-    tenant: str,
-    size: int,
+    conn: asyncpg.Connection, config: LogConfig, witnesses: Witnesses, tenant: str, size: int
 ) -> int:
-    """Send a new checkpoint to every configured witness and keep the cosignatures that verify."""
+    """Offer the tenant's latest checkpoint, of `size`, to every configured witness that has not cosigned
+    it yet, and keep the cosignatures that verify beside the ones it had; answers how many witnesses
+    still have not cosigned it (0 also when a newer checkpoint superseded it: that one is offered)."""
     if not witnesses.items:
         return 0
     origin = origin_of(config.origin_prefix, tenant)
@@ -943,10 +944,13 @@ async def submit_to_witnesses(
         row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
     if row is None or row["size"] != size:
         return 0
-    collected = ""
+    note, had = row["note"], row["cosignatures"] or ""
+    collected, missing = had, 0
     for witness in witnesses.items:
+        if _cosigned(note, had, witness):
+            continue
         try:
-            got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, row["note"])
+            got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, note)
         except (httpx.HTTPError, NoteError) as exc:
             log.warning(
                 "log_witness_unreachable",
@@ -957,15 +961,56 @@ async def submit_to_witnesses(
             got = None
         if got:
             collected += got
-    async with conn.transaction():
-        await conn.fetchrow(sql("tenant_context"), tenant)
-        await conn.execute(sql("log_cosignatures_put"), tenant, size, collected)
-    count = collected.count("\n")
+        else:
+            missing += 1
+    if collected != had:
+        async with conn.transaction():
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            await conn.execute(sql("log_cosignatures_put"), tenant, size, collected)
+    count = len(witnesses.items) - missing
     if count < witnesses.quorum:
         log.warning(
             "log_witness_quorum_missed", tenant=tenant, size=size, cosignatures=count, quorum=witnesses.quorum
         )
-    return count
+    return missing
+
+
+def _cosigned(note: str, lines: str, witness: Witness) -> bool:
+    """Whether one of the cosignature lines kept for a checkpoint is `witness`'s."""
+    key = parse_vkey(witness.vkey)
+    return any(note_signed_by(parse_note(note + line), key) for line in lines.splitlines(keepends=True))
+
+
+class WitnessRetries:
+    """The checkpoints some witness did not cosign (it was down, slow, or refused), per tenant: offered
+    again after RETRY_FIRST_SECONDS, then after twice the wait each time up to RETRY_MAX_SECONDS, until
+    every witness has cosigned it or a newer checkpoint of the tenant supersedes it (the newer one is
+    offered as it is signed). Without this an idle log kept an uncosigned checkpoint, and proofs against
+    it that no quorum accepts, until it grew again."""
+
+    RETRY_FIRST_SECONDS = 1.0
+    RETRY_MAX_SECONDS = 60.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._waiting: dict[str, tuple[int, float, float]] = {}  # tenant -> (size, due, wait)
+
+    def offered(self, tenant: str, size: int, missing: int) -> None:
+        """Record the outcome of offering `tenant`'s checkpoint of `size`: `missing` witnesses did not
+        cosign it."""
+        if not missing:
+            self._waiting.pop(tenant, None)
+            return
+        known = self._waiting.get(tenant)
+        wait = self.RETRY_FIRST_SECONDS
+        if known is not None and known[0] == size:
+            wait = min(known[2] * 2, self.RETRY_MAX_SECONDS)
+        self._waiting[tenant] = (size, self._clock() + wait, wait)
+
+    def due(self) -> list[tuple[str, int]]:
+        """The (tenant, size) checkpoints whose next offer is due."""
+        now = self._clock()
+        return [(tenant, size) for tenant, (size, due, _) in self._waiting.items() if due <= now]
 
 
 # ---- rollback recovery (effect-ledger log-recover) ---------------------------------------------------

@@ -27,7 +27,6 @@ from effect_ledger.domain.timefmt import format_ts
 
 LEAF_VERSION = 1
 PROOF_HEADER = "c2sp.org/tlog-proof@v1"
-RECEIPT_FIELDS = ("external_ref", "result_digest", "result", "observed_at", "recorded_by", "recorded_at")
 
 
 def origin_of(log_origin: str, tenant: str) -> str:
@@ -110,10 +109,13 @@ def leaf_data(facts: LeafFacts, index: int, salt: bytes) -> bytes:
 
 
 def receipt_file_digest(receipt: Any) -> str:
-    """`sha256:` of the JCS form of a receipt as the operation view shows it (its six members)."""
+    """`sha256:` of the JCS form of a receipt file, exactly as given: the operation view's receipt has
+    its six members, null ones included, so a member added, dropped or changed is a different digest
+    (until round 21 the six were picked out of the file and the rest ignored: a receipt with a member
+    added verified)."""
     if not isinstance(receipt, dict):
         raise ValueError("a receipt is a JSON object")
-    return intent_digest({k: receipt.get(k) for k in RECEIPT_FIELDS})
+    return intent_digest(receipt)
 
 
 def proof_file(leaf: bytes, index: int, proof: Sequence[bytes], checkpoint_note: str) -> str:
@@ -240,10 +242,14 @@ def _signed_checkpoint(
         raise ProofInvalid(f"{prefix}{exc}") from exc
     if checkpoint.origin != log_key.name:
         raise ProofInvalid(f"{which} origin {checkpoint.origin!r} is not the key's {log_key.name!r}")
+    if any(key.public == log_key.public for key in keys):
+        raise ProofInvalid("a witness key is the log's own key: the log cannot witness itself")
     if not note_signed_by(note, log_key):
         raise ProofInvalid(f"{which} not signed by the log key")
-    cosigned = {key.name for key in keys if note_signed_by(note, key)}
-    need = len(keys) if quorum is None else quorum
+    # a witness counts once however many names its key is given under (one holder, one cosignature)
+    by_key = {key.public: key.name for key in keys if note_signed_by(note, key)}
+    cosigned = set(by_key.values())
+    need = len({key.public for key in keys}) if quorum is None else quorum
     if len(cosigned) < need:
         raise ProofInvalid(f"{prefix}{len(cosigned)} witness cosignatures verify, quorum is {need}")
     return checkpoint, cosigned

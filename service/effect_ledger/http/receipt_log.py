@@ -19,7 +19,9 @@ from effect_ledger.http.paging import QueryProblems
 from effect_ledger.http.schemas import check_operation_id
 
 TEXT = "text/plain"  # Litestar adds "; charset=utf-8" to text/* answers itself
-IMMUTABLE = "public, max-age=31536000, immutable"
+# private: a tile is the caller's tenant's, chosen by its token, not by the URL; a shared cache must not keep
+# it for anyone else (RFC 9111 section 3.5). Vary says the same to any cache that stores it anyway.
+IMMUTABLE = "private, max-age=31536000, immutable"
 SHORT = "no-cache, max-age=0"
 
 
@@ -73,7 +75,11 @@ class LogController(Controller):
         if blob is None:
             raise not_found("tile")
         cache = SHORT if ref.partial else IMMUTABLE
-        return Response(blob, media_type="application/octet-stream", headers={"Cache-Control": cache})
+        return Response(
+            blob,
+            media_type="application/octet-stream",
+            headers={"Cache-Control": cache, "Vary": "Authorization"},
+        )
 
     @get("/proof", guards=[requires(AUDIT)], media_type=TEXT)
     async def proof(
