@@ -283,6 +283,25 @@ async def test_an_upstream_that_rejects_the_call_is_not_applied(
         stored = await view(ledger, gw.tenant, operation_id)
         assert stored["status"] == "not_applied"
         assert stored["not_applied_reason"] == {"category": "rejected", "detail_code": "invalid_params"}
+        # Arguments the tool's own input schema refuses: the SDK's upstream would answer them with an
+        # isError result ("Error executing tool strict: …"), which cannot be told from a failed run; the
+        # gateway checks the schema itself, records not_applied and sends nothing upstream.
+        for refused in ({"value": "not a number"}, {}, {"value": 1.5}):
+            answer = await gw.call("up__strict", refused)
+            assert answer.is_error is True and answer.structured_content is not None, refused
+            assert answer.structured_content["code"] == "not_executed", refused
+            assert (
+                answer.structured_content["reason"] == "invalid_params" and answer.structured_content["retry"]
+            )
+            stored = await view(ledger, gw.tenant, answer.structured_content["operation_id"])
+            assert stored["status"] == "not_applied" and stored["submitted_at"] is None, refused
+            assert stored["not_applied_reason"] == {"category": "validation", "detail_code": "invalid_params"}
+        assert "value" in answer.content[0].text  # type: ignore[union-attr]  # says what is wrong
+        # the same refused call again: a new attempt, refused again, still nothing sent
+        again = await gw.call("up__strict", {"value": 1.5})
+        assert again.structured_content is not None and again.structured_content["reason"] == "invalid_params"
+        assert (await view(ledger, gw.tenant, again.structured_content["operation_id"]))["attempt"] == 2
+        assert gw.executions("strict") == []
         gw.upstream.remove_tool("ephemeral")  # listed at start-up, gone now: "Unknown tool: ephemeral"
         gone = await gw.call("up__ephemeral", {})
         assert gone.is_error is True and gone.structured_content is not None
@@ -340,7 +359,9 @@ async def test_a_result_over_16_kib_keeps_its_digest_and_replays_without_running
         assert len(gw.executions("big")) == 1
 
 
-async def test_the_status_tool_shows_the_operation_view(tmp_path: Path, mcp_ledger: Service) -> None:
+async def test_the_status_tool_shows_the_operation_view(
+    tmp_path: Path, mcp_ledger: Service, ledger: httpx.AsyncClient
+) -> None:
     async with gateway_client(tmp_path, mcp_ledger.base_url) as gw:
         result = await gw.call("up__charge", {"amount": 3})
         operation_id = op_of(result)["operation_id"]
@@ -353,6 +374,15 @@ async def test_the_status_tool_shows_the_operation_view(tmp_path: Path, mcp_ledg
         assert missing.is_error is True and missing.structured_content is not None
         assert missing.structured_content["code"] == "not_found"
         assert len(gw.executions()) == 1
+        # the view exactly as GET /v1/operations/{id} answers it (millisecond timestamps, its members)
+        read = await view(ledger, gw.tenant, operation_id)
+        shown = status.structured_content
+        # log_index may turn from null to the leaf between the two reads (a checkpoint signed between)
+        assert {k: v for k, v in shown.items() if k != "log_index"} == {
+            k: v for k, v in read.items() if k != "log_index"
+        }
+        assert "log_index" in shown and shown["log_index"] in (None, read["log_index"])
+        assert read["created_at"].endswith("Z") and len(read["created_at"]) == len("2026-12-06T14:00:00.000Z")
 
 
 async def test_a_reconciled_unknown_call_is_answered_from_the_resolution(

@@ -249,7 +249,7 @@ def test_the_mcp_gateway_installs_alone_without_the_server(
     """effect-ledger-mcp: only its package, needing only the client and the MCP SDK; its command runs."""
     gateway = wheels[GATEWAY]
     assert {m.split("/")[0] for m in gateway.modules()} == {"effect_ledger_mcp"}
-    assert gateway.requires() == ["anyio", "effect-ledger-client", "mcp", "msgspec", "uvicorn"]
+    assert gateway.requires() == ["anyio", "effect-ledger-client", "jsonschema", "mcp", "msgspec", "uvicorn"]
     assert "effect-ledger-mcp = effect_ledger_mcp.cli:main" in gateway.entry_points()
     bin_dir = venvs.bin(GATEWAY)
     assert importable(bin_dir, ("effect_ledger_mcp", "effect_ledger.client")) == [

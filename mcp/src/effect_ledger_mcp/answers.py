@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
 from mcp.types import CallToolResult, TextContent
 
 from effect_ledger.client import OperationView
@@ -101,11 +100,11 @@ def replay(view: OperationView, *, structured_required: bool = False) -> CallToo
     )
 
 
-def view_result(view: OperationView) -> CallToolResult:
-    """The effect_ledger__status answer: the operation view as structured content."""
-    document = msgspec.to_builtins(view)
+def view_result(view: dict[str, Any]) -> CallToolResult:
+    """The effect_ledger__status answer: the operation view, as GET /v1/operations/{id} answered it, as
+    structured content."""
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(document, sort_keys=True))],
-        structured_content=document,
-        _meta=operation_meta(view.operation_id, view.status),
+        content=[TextContent(type="text", text=json.dumps(view, sort_keys=True))],
+        structured_content=view,
+        _meta=operation_meta(str(view.get("operation_id")), str(view.get("status"))),
     )

@@ -60,6 +60,7 @@ class WrappedCall:
     identity: Identity
     decision: Decision
     structured_output: bool = False  # the tool declares an output schema
+    invalid_arguments: str | None = None  # why the tool's input schema refuses them (arguments.py)
 
 
 def receipt_of(result: CallToolResult) -> Receipt:
@@ -119,6 +120,7 @@ class Executor:
             return answers.problem(
                 "not_executed", operation_id, retry=True, reason="upstream_gone", message="upstream closed"
             )
+        refused = call.invalid_arguments
         try:
             claimed = await self.ledger.claim(
                 operation_id,
@@ -126,8 +128,8 @@ class Executor:
                 tool_version=call.tool_version,
                 intent=call.identity.intent,
                 lease_seconds=min(3600, math.ceil(timeout) + LEASE_MARGIN_SECONDS),
-                submit=True,
-                effect_ref=call.identity.effect_ref,
+                submit=refused is None,  # arguments the schema refuses are never submitted
+                effect_ref=call.identity.effect_ref if refused is None else None,
             )
         except LedgerProblem as problem:
             return self._refused(operation_id, problem)
@@ -139,6 +141,19 @@ class Executor:
             return answers.replay(claimed.operation, structured_required=call.structured_output)
         assert claimed.claim is not None
         token = claimed.claim.token
+        if refused is not None:  # claimed, not submitted: recorded not applied, nothing sent upstream
+            reason = NotAppliedReason(category="validation", detail_code="invalid_params")
+            view = await self._record(
+                operation_id, token, "not_applied", reason=reason, status_if_lost="pending"
+            )
+            return answers.problem(
+                "not_executed",
+                operation_id,
+                retry=True,
+                status=view,
+                reason="invalid_params",
+                message=refused,
+            )
         started = time.monotonic()
         try:
             result = await call.server.call(call.tool, call.identity.forwarded, timeout)

@@ -23,6 +23,7 @@ from mcp.types import (
 
 from effect_ledger.client import LedgerClient, LedgerClientError, LedgerProblem, RetryPolicy
 from effect_ledger_mcp import __version__, answers
+from effect_ledger_mcp.arguments import ArgumentCheck
 from effect_ledger_mcp.config import SEPARATOR, STATUS_TOOL, Config, Decision
 from effect_ledger_mcp.execute import Executor, WrappedCall
 from effect_ledger_mcp.identity import InvalidOperationId, identify, tool_version
@@ -87,6 +88,7 @@ class Exposed:
     tool: Tool
     decision: Decision
     version: str
+    arguments: ArgumentCheck  # its input schema, compiled once
 
 
 class Gateway:
@@ -112,6 +114,7 @@ class Gateway:
                     tool=tool,
                     decision=decision,
                     version=tool_version(tool.input_schema),
+                    arguments=ArgumentCheck(tool.input_schema),
                 )
 
     @staticmethod
@@ -198,6 +201,7 @@ class Gateway:
             identity=identity,
             decision=entry.decision,
             structured_output=entry.tool.output_schema is not None,
+            invalid_arguments=entry.arguments.problem(identity.forwarded),
         )
         return await self.executor.run(call)
 
@@ -208,7 +212,9 @@ class Gateway:
         if not self.has_token():
             return answers.problem("not_executed", operation_id, retry=False, reason="no_ledger_token")
         try:
-            view = await self.ledger.get_operation(operation_id)
+            # the view exactly as the ledger sent it (its millisecond timestamps, its members), not the
+            # client's decoded model encoded again
+            view = await self.ledger.get_operation_json(operation_id)
         except LedgerProblem as problem:
             code = str(problem.members.get("code") or problem.code)
             return answers.problem(code, operation_id, retry=code not in ("not_found", "forbidden"))

@@ -238,8 +238,15 @@ class LedgerClient:
 
     async def get_operation(self, operation_id: str) -> OperationView:
         """One operation's view."""
-        response = await self.request("GET", f"/v1/operations/{_path_segment(operation_id)}")
-        return self.decode(response, OperationView)
+        return self.decode(await self._operation(operation_id), OperationView)
+
+    async def get_operation_json(self, operation_id: str) -> dict[str, Any]:
+        """One operation's view exactly as the ledger sent it (for a caller that passes it on)."""
+        document: dict[str, Any] = (await self._operation(operation_id)).json()
+        return document
+
+    async def _operation(self, operation_id: str) -> httpx.Response:
+        return await self.request("GET", f"/v1/operations/{_path_segment(operation_id)}")
 
     async def _post_view(
         self, operation_id: str, call: str, body: dict[str, Any], retry: RetryPolicy | None = None
