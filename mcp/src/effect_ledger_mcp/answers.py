@@ -106,5 +106,5 @@ def view_result(view: dict[str, Any]) -> CallToolResult:
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(view, sort_keys=True))],
         structured_content=view,
-        _meta=operation_meta(str(view.get("operation_id")), str(view.get("status"))),
+        _meta=operation_meta(view["operation_id"], view["status"]),
     )

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.validators import validator_for
 
 MAX_PROBLEM = 300  # characters of the first refusal's text kept for the answer
@@ -38,7 +38,7 @@ class ArgumentCheck:
         """Why the schema refuses these arguments (the first error, with its path), or None."""
         if self._validator is None:
             return None
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(dict(arguments)))
+        error = best_match(self._validator.iter_errors(dict(arguments)))
         if error is None:
             return None
         where = "/".join(str(part) for part in error.absolute_path)

@@ -44,7 +44,14 @@ from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest
-from effect_ledger.domain.note import NoteError, note_signed_by, parse_checkpoint, parse_note, parse_vkey
+from effect_ledger.domain.note import (
+    NoteError,
+    Verifier,
+    note_signed_by,
+    parse_checkpoint,
+    parse_note,
+    parse_vkey,
+)
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
@@ -794,16 +801,20 @@ async def background_log(
     unsent: list[tuple[str, int]] = []  # checkpoints signed, not yet offered to the witnesses
     missed = WitnessRetries()  # checkpoints a witness did not cosign, offered again until it does
 
+    async def offer(conn: asyncpg.Connection, tenant: str, size: int) -> None:
+        missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
+
     async def checkpoint_pass(witnessed: bool = True) -> None:
         try:
             conn = await checkpointing.get()
             unsent.extend(await checkpoint(conn, signer, config, guard, refuse))
-            while witnessed and unsent:  # a witness that does not answer is logged, not raised
-                tenant, size = unsent[0]
-                missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
+            if not witnessed:
+                return
+            while unsent:  # a witness that does not answer is logged, not raised
+                await offer(conn, *unsent[0])
                 del unsent[0]
-            for tenant, size in missed.due() if witnessed else ():
-                missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
+            for tenant, size in missed.due():
+                await offer(conn, tenant, size)
         except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
             checkpointing.drop()
             log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
@@ -924,9 +935,7 @@ async def _cosign_one(
                 )
                 return None
             witnesses.known[(witness.url, origin)] = size
-            lines = [line + "\n" for line in response.text.splitlines() if line]
-            good = [line for line in lines if note_signed_by(parse_note(note + line), key)]
-            return "".join(good) or None
+            return "".join(_cosignatures(note, response.text, key)) or None
     return None
 
 
@@ -947,7 +956,7 @@ async def submit_to_witnesses(
     note, had = row["note"], row["cosignatures"] or ""
     collected, missing = had, 0
     for witness in witnesses.items:
-        if _cosigned(note, had, witness):
+        if _cosignatures(note, had, parse_vkey(witness.vkey)):
             continue
         try:
             got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, note)
@@ -975,10 +984,11 @@ async def submit_to_witnesses(
     return missing
 
 
-def _cosigned(note: str, lines: str, witness: Witness) -> bool:
-    """Whether one of the cosignature lines kept for a checkpoint is `witness`'s."""
-    key = parse_vkey(witness.vkey)
-    return any(note_signed_by(parse_note(note + line), key) for line in lines.splitlines(keepends=True))
+def _cosignatures(note: str, lines: str, key: Verifier) -> list[str]:
+    """The lines of `lines` (a witness's answer, or those kept for a checkpoint) that are `key`'s
+    valid cosignatures of `note`, each with its newline."""
+    found = (line + "\n" for line in lines.splitlines() if line)
+    return [line for line in found if note_signed_by(parse_note(note + line), key)]
 
 
 class WitnessRetries:

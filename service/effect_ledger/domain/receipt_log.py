@@ -246,8 +246,12 @@ def _signed_checkpoint(
         raise ProofInvalid("a witness key is the log's own key: the log cannot witness itself")
     if not note_signed_by(note, log_key):
         raise ProofInvalid(f"{which} not signed by the log key")
-    # a witness counts once however many names its key is given under (one holder, one cosignature)
-    by_key = {key.public: key.name for key in keys if note_signed_by(note, key)}
+    # a witness counts once however many names its key is given under (one holder, one cosignature),
+    # under the first name it is given
+    by_key: dict[bytes, str] = {}
+    for key in keys:
+        if note_signed_by(note, key):
+            by_key.setdefault(key.public, key.name)
     cosigned = set(by_key.values())
     need = len({key.public for key in keys}) if quorum is None else quorum
     if len(cosigned) < need:
