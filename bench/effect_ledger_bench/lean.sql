@@ -62,7 +62,7 @@ WITH inserted AS (
         claim_token_hash, client_nonce_hash, sealed_token, lease_seconds, lease_expires_at,
         created_at, updated_at, chain_seq, chain_hash)
     VALUES ($1, $2, $3, $4, $5, $6, 'pending', 1, $7, $8, $9, $10,
-            clock_timestamp() + make_interval(secs => $10), clock_timestamp(), clock_timestamp(), 1, $11)
+            clock_timestamp() + make_interval(secs => $10::integer), clock_timestamp(), clock_timestamp(), 1, $11)
     ON CONFLICT (tenant_id, operation_id) DO NOTHING
     RETURNING tenant_id, operation_id, created_at
 )

@@ -26,6 +26,13 @@ SELECT 'VACUUM (ANALYZE) ' || string_agg(format('%I.%I', schemaname, relname), '
 FROM pg_stat_user_tables
 WHERE n_live_tup > 0 AND (n_dead_tup > 0 OR n_ins_since_vacuum > 0 OR n_mod_since_analyze > 0);
 
+-- name: bench_analyze_statement
+-- The ANALYZE of the connected database's non-empty tables changed since their last analyse, or NULL;
+-- Cluster.analyze runs it after a layer's warm-up (round 22: see there).
+SELECT 'ANALYZE ' || string_agg(format('%I.%I', schemaname, relname), ', ' ORDER BY relname)
+FROM pg_stat_user_tables
+WHERE n_live_tup > 0 AND n_mod_since_analyze > 0;
+
 -- name: bench_bulk_operations
 -- Growth history streamed into COPY: committed operations n = $2..$3 of tenant $1 (recent, so no purge
 -- takes them during a run). Columns are named as in ledger.operations; the rest stay NULL.

@@ -24,6 +24,7 @@ from effect_ledger_bench.database import Cluster, Endpoint
 from effect_ledger_bench.floor import run_floor
 from effect_ledger_bench.generator import START_MARGIN, Generator
 from effect_ledger_bench.growth import load_history, table_sizes
+from effect_ledger_bench.httpfloor import FloorProcess
 from effect_ledger_bench.inprocess import event_loop_name, run_in_process_as_served
 from effect_ledger_bench.journal import JournalConfig, run_journal
 from effect_ledger_bench.limit import run_pgbench
@@ -194,8 +195,8 @@ class Bench:
         lat = f" p50 {row.latency.p50:.1f} ms p99 {row.latency.p99:.1f} ms" if row.latency else ""
         progress(f"  {row.name}: {row.rate}{lat} {row.target}".rstrip())
 
-    def generator(self, service: ServiceProcess) -> Generator:
-        """A load generator aimed at `service`."""
+    def generator(self, service: ServiceProcess | FloorProcess) -> Generator:
+        """A load generator aimed at `service` (or the HTTP floor)."""
         gen = Generator(service.host, service.port, self.tokens, self.workdir, self.config.generator)
         self.generator_name = "wrk (Lua)" if gen.uses_wrk else f"Python x{gen.processes} processes"
         return gen
@@ -208,6 +209,7 @@ class Bench:
         if gen.uses_wrk:
             if warmup > 0:
                 await gen.cycles(self.config.concurrency, 0.0, warmup, f"{prefix}w")
+                await self.analyze()
             await window.open()
             result = await gen.cycles(self.config.concurrency, 0.0, duration, prefix)
             await window.close()  # wrk was reaped inside the window: its CPU is the client's
@@ -227,6 +229,10 @@ class Bench:
         window.client_cpu += result.generator_cpu
         window.other_cores = max(window.other_cores - result.generator_cpu / max(window.seconds, 1e-9), 0.0)
         return result
+
+    async def analyze(self) -> None:
+        """After a layer's warm-up: the tables it changed analysed (Cluster.analyze)."""
+        progress(f"  {await self.cluster.analyze()}")
 
     async def settle(self) -> None:
         """Before each layer's warm-up: changed tables vacuumed, no autovacuum running, a checkpoint."""
@@ -279,6 +285,7 @@ class Bench:
         await self.settle()
         if c.warmup >= 1:
             await run_pgbench(endpoint, self.workdir, c.concurrency, c.warmup, base + 1, None, kind)
+            await self.analyze()
         window = self.window(url)
         await window.open()
         r = await run_pgbench(
@@ -303,6 +310,7 @@ class Bench:
         await self.settle()
         if c.warmup > 0:
             await run_floor(sql_url, "statements", c.concurrency, 0.0, c.warmup, "floor-warm")
+            await self.analyze()
         window = self.window(sql_url)
         await window.open()
         r = await run_floor(sql_url, "statements", c.concurrency, 0.0, c.duration, "floor")
@@ -326,6 +334,28 @@ class Bench:
             + (f"unexpected {unexpected}" if unexpected else "0 errors"),
         )
         self.asgi_refusal_us = app.refusal_cpu_us
+
+    async def http_floor(self, sql_url: str) -> None:
+        """1e'. The Python HTTP floor (httpfloor.py: a bare HTTP server sending the lean yardstick's
+        statements, one process) under the same load as the service, on fresh lean tables."""
+        c = self.config
+        await fresh_lean_tables(sql_url)
+        floor = FloorProcess(sql_url, c.concurrency)
+        progress(f"Python HTTP floor: {c.concurrency} executors, {c.warmup:g} s warm-up + {c.duration:g} s")
+        await floor.start()
+        try:
+            gen = self.generator(floor)
+            window = self.window(sql_url, floor.cpu_seconds)
+            r = await self.measured_cycles(gen, window, c.warmup, c.duration, "flr")
+            self.layer(
+                "http_floor",
+                "Python HTTP floor: lean statements over HTTP, 1 process",
+                r.cycles,
+                window,
+                f"{self.generator_name}, {errors_note(r)}; claim p99 {ms(r.latency('claim').p99)} ms",
+            )
+        finally:
+            await floor.stop()
 
     async def service_phase(self, url: str) -> None:
         """1f, 2-5. The service over HTTP: full cycles (the last layer), its calls, replays, contention,
@@ -645,6 +675,22 @@ class Bench:
                 f"{service.pg_ms():.2f} / {lean_pg:.2f} ms",
                 "lean yardstick",
             )
+        floor = self.layers.get("http_floor")
+        if lean and floor:
+            # no target of its own: how far the target above is reachable in Python on this machine
+            lean_rate = self.lean_figures()[0]
+            beside = ""
+            if service and floor.rate > 0:
+                beside = f"; service / floor {service.rate / floor.rate:.2f}"
+            ratio_row(
+                "Python HTTP floor / lean yardstick, cycles/s",
+                floor.rate,
+                lean_rate,
+                f"room for >= {SERVICE_TO_LIMIT:.2f}",
+                floor.rate >= SERVICE_TO_LIMIT * lean_rate,
+                f"{floor.rate:,.0f} / {lean_rate:,.0f} cycles/s{beside}",
+                "lean yardstick",
+            )
         unbatched = self.layers.get("unbatched")
         if service and unbatched:
             ratio_row(
@@ -759,6 +805,7 @@ async def run_bench(config: BenchConfig) -> str:
         phases: list[Callable[[], Awaitable[None]]] = [
             lambda: bench.limit(sql_url),
             lambda: bench.floors(sql_url, url),
+            lambda: bench.http_floor(sql_url),
             lambda: bench.service_phase(url),
             lambda: bench.lean_again(sql_url),
             lambda: bench.variant_phase(

@@ -79,3 +79,49 @@ async def test_settle_vacuums_every_database_of_the_bench(db_url: str) -> None:
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name}")
         await admin.close()
+
+
+async def test_analyze_after_a_warm_up_analyses_the_tables_it_filled(db_url: str) -> None:
+    """Cluster.analyze (after a layer's warm-up): the tables the warm-up filled get statistics, so the
+    measured part plans from them; an empty table is left alone; the answer says how many."""
+    admin = await asyncpg.connect(db_url)
+    name = "effect_ledger_bench_analyze_probe"
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.execute(f"CREATE DATABASE {name}")
+        probe = await asyncpg.connect(with_database(db_url, name))
+        try:
+            await probe.execute(
+                "CREATE TABLE warmed (n int PRIMARY KEY); INSERT INTO warmed SELECT generate_series(1, 500);"
+                "CREATE TABLE untouched (n int)"
+            )
+        finally:
+            await probe.close()  # its counts reach the statistics when it ends, as a warm-up's do
+        url = with_database(db_url, name)
+        conn = await asyncpg.connect(url)
+        try:
+            for _ in range(100):
+                if await conn.fetchval(
+                    "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'warmed'"
+                ):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await conn.close()
+        note = await Cluster(db_url, _databases=[name]).analyze()
+        probe = await asyncpg.connect(url)
+        try:
+            rows = {
+                r["relname"]: (r["analysed"], r["reltuples"])
+                for r in await probe.fetch(
+                    "SELECT s.relname, s.last_analyze IS NOT NULL AS analysed, c.reltuples"
+                    " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+                )
+            }
+        finally:
+            await probe.close()
+        assert rows == {"warmed": (True, 500.0), "untouched": (False, -1.0)}
+        assert note.startswith("1 tables analysed after the warm-up in ")
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.close()

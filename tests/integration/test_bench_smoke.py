@@ -35,6 +35,9 @@ ROWS = [
     rf"1 +asyncpg alone, same statements, 1 process +[\d,]+ cycles/s +{PER_CYCLE}",
     rf"1 +ASGI app in process \(no HTTP server\), 1 process +[\d,]+ cycles/s +{PER_CYCLE}.*"
     r"[\d.]+ ms Python per request \((?:uvloop|asyncio)\); a 429 before routing \d+ us \(\d+ refused\); 0 errors",
+    # the Python HTTP floor (a bare server on the lean statements): every cycle answered, no error
+    rf"1 +Python HTTP floor: lean statements over HTTP, 1 process +[\d,]+ cycles/s +{PER_CYCLE}"
+    r".*Python x\d processes, 0 errors; claim p99 [\d.]+ ms",
     rf"1 +full service: serve --workers 1, 16 executors over HTTP +[\d,]+ cycles/s +{LOG_ON_CYCLE}.*0 errors"
     r"; log caught up in [\d.]+ s first",
     rf"1 +lean yardstick again after the service, pgbench, 16 clients +[\d,]+ cycles/s +{PER_CYCLE}.*0 failed",
@@ -67,6 +70,8 @@ ROWS = [
     # on a busy machine (a test run) the ratios are withheld, never printed as if they meant something
     r"7 +service / lean yardstick, cycles/s +([\d.]+ +>= 0.50: (PASS|MISS)|not reported +>= 0.50: NOT MEASURED)",
     r"7 +PostgreSQL CPU per cycle, service / lean +([\d.]+|nan|not reported) +<= 1.5: (PASS|MISS|NOT MEASURED)",
+    r"7 +Python HTTP floor / lean yardstick, cycles/s +([\d.]+ +room for >= 0.50: (PASS|MISS) +[\d,]+ / [\d,]+ "
+    r"cycles/s; service / floor [\d.]+|not reported +room for >= 0.50: NOT MEASURED)",
     r"7 +natural batching: service on / off, cycles/s +([\d.]+ +> 1 keeps it: (PASS|MISS)|not reported +> 1 "
     r"keeps it: NOT MEASURED)",
     r"7 +receipts log: service on / off, cycles/s +([\d.]+ +>= 0.95: (PASS|MISS)|not reported +>= 0.95: "
