@@ -38,6 +38,7 @@ from effect_ledger.domain.note import (
     sign_note,
     unb64,
 )
+from effect_ledger.durable import replace_json
 from effect_ledger.settings import Settings, read_token
 
 STATE_FILE = "state.json"
@@ -119,18 +120,7 @@ class FileSigner:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, state: dict[str, Any]) -> None:
-        path = self.state_dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as out:
-            json.dump(state, out, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        fd = os.open(self.state_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_json(self.state_dir / STATE_FILE, state)
 
     def states(self) -> dict[str, Signed]:
         with self._locked() as state:

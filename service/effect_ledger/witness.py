@@ -1,9 +1,10 @@
 """`effect-ledger witness`: a complete small c2sp.org/tlog-witness (add-checkpoint) with persisted state.
 
-State: DIR/state.json, {origin: {size, root}}, rewritten atomically (fsync, rename) under a file
-lock held across the check and the write, so two requests can never roll the record back (the
-race the spec describes). The cosigner key is a Go-format `PRIVATE+KEY+name+id+…` file of
-signature type 0x04 (created on first start when absent; its vkey is printed).
+State: DIR/state.json, {origin: {size, root}}, rewritten atomically and durably (durable.replace_json:
+the file's fsync, the rename, the directory's fsync) under a file lock held across the check and the
+write, so two requests can never roll the record back (the race the spec describes). The cosigner
+key is a Go-format `PRIVATE+KEY+name+id+…` file of signature type 0x04 (created on first start when
+absent; its vkey is printed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from effect_ledger.domain.note import (
     unb64,
 )
 from effect_ledger.domain.witness import decide
+from effect_ledger.durable import replace_json
 
 MAX_BODY = 64 * 1024
 
@@ -65,12 +67,7 @@ class WitnessState:
                 if answer.record is not None:
                     origin, size, root = answer.record
                     raw[origin] = {"size": size, "root": b64(root)}
-                    tmp = self.path.with_suffix(".tmp")
-                    with open(tmp, "w") as out:
-                        json.dump(raw, out, sort_keys=True)
-                        out.flush()
-                        os.fsync(out.fileno())
-                    os.replace(tmp, self.path)
+                    replace_json(self.path, raw)  # durable (the directory too) before the cosignature leaves
                 return answer.status, answer.body, answer.content_type
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
 from effect_ledger.domain import tiles
 from effect_ledger.domain.merkle import EMPTY_ROOT, consistency_proof, leaf_hash, tree_root
 from effect_ledger.domain.note import (
     ALG_COSIGNATURE_V1,
     Checkpoint,
     Signer,
+    b64,
     note_signed_by,
     parse_note,
     sign_note,
 )
 from effect_ledger.domain.witness import SIZE_TYPE, add_checkpoint_body, decide
+from effect_ledger.witness import WitnessState
 
 LOG = Signer("example.com/log", bytes(range(32)))
 WITNESS = Signer("witness.example/w1", bytes(range(1, 33)), ALG_COSIGNATURE_V1)
@@ -87,3 +96,35 @@ def test_bad_proofs_are_422() -> None:
 def test_a_repeat_of_the_recorded_checkpoint_is_cosigned_again() -> None:
     answer = decide(add_checkpoint_body(20, [], note_of(20)), LOGS, records(20), WITNESS, 5)
     assert answer.status == 200
+
+
+def fsyncs_recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every os.fsync from now on, as "dir" or "file" (the real fsync still runs)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        seen.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen
+
+
+def test_the_witness_records_durably_before_it_cosigns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A witness that forgot its record after a crash could cosign a rollback: the state file is
+    fsynced, renamed over the old one and then its directory fsynced (the rename is the directory's)."""
+    state = WitnessState(tmp_path / "witness")
+    seen = fsyncs_recorded(monkeypatch)
+    status, _, _ = state.add_checkpoint(body(0, 7), LOGS, WITNESS)
+    assert status == 200
+    assert seen == ["file", "dir"]
+    assert json.loads((tmp_path / "witness" / "state.json").read_text()) == {
+        LOG.name: {"size": 7, "root": b64(tree_root(7, read))}
+    }
+    assert sorted(p.name for p in (tmp_path / "witness").iterdir()) == ["lock", "state.json"]
+    # a refusal writes nothing
+    status, _, _ = state.add_checkpoint(body(3, 9), LOGS, WITNESS)
+    assert status == 409 and seen == ["file", "dir"]
