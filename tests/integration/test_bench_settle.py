@@ -5,6 +5,8 @@ for a checkpoint that another layer's writes made due."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 
@@ -46,24 +48,35 @@ async def counted_dead_rows(url: str) -> None:
         await conn.close()
 
 
-async def test_settle_vacuums_every_database_of_the_bench(db_url: str) -> None:
+@asynccontextmanager
+async def probe_database(db_url: str, name: str, setup: str) -> AsyncIterator[str]:
+    """A database of the bench's own (created fresh, dropped after) where `setup` ran on a connection
+    that has ended (its table counts reach the statistics when it ends, as a layer's do); its URL."""
     admin = await asyncpg.connect(db_url)
-    name = "effect_ledger_bench_settle_probe"
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name}")
         await admin.execute(f"CREATE DATABASE {name}")
         probe = await asyncpg.connect(with_database(db_url, name))
         try:
-            await probe.execute(
-                "CREATE TABLE dirty (n int); INSERT INTO dirty SELECT generate_series(1, 100)"
-            )
-            await probe.execute("DELETE FROM dirty WHERE n % 2 = 0")
-            await probe.execute("CREATE TABLE empty (n int)")
+            await probe.execute(setup)
         finally:
-            await probe.close()  # its table counts reach the statistics when it ends, as a layer's do
-        await counted_dead_rows(with_database(db_url, name))
+            await probe.close()
+        yield with_database(db_url, name)
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.close()
+
+
+async def test_settle_vacuums_every_database_of_the_bench(db_url: str) -> None:
+    name = "effect_ledger_bench_settle_probe"
+    setup = (
+        "CREATE TABLE dirty (n int); INSERT INTO dirty SELECT generate_series(1, 100);"
+        "DELETE FROM dirty WHERE n % 2 = 0; CREATE TABLE empty (n int)"
+    )
+    async with probe_database(db_url, name, setup) as url:
+        await counted_dead_rows(url)
         note = await Cluster(db_url, _databases=[name]).settle(wait=5.0)
-        probe = await asyncpg.connect(with_database(db_url, name))
+        probe = await asyncpg.connect(url)
         try:
             row = await probe.fetchrow(
                 "SELECT last_vacuum IS NOT NULL AS vacuumed, last_analyze IS NOT NULL AS analysed, n_dead_tup"
@@ -76,28 +89,17 @@ async def test_settle_vacuums_every_database_of_the_bench(db_url: str) -> None:
         assert (row["vacuumed"], row["analysed"], row["n_dead_tup"]) == (True, True, 0)
         assert empty == -1
         assert note.startswith("1 databases vacuumed in ")
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        await admin.close()
 
 
 async def test_analyze_after_a_warm_up_analyses_the_tables_it_filled(db_url: str) -> None:
     """Cluster.analyze (after a layer's warm-up): the tables the warm-up filled get statistics, so the
     measured part plans from them; an empty table is left alone; the answer says how many."""
-    admin = await asyncpg.connect(db_url)
     name = "effect_ledger_bench_analyze_probe"
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        await admin.execute(f"CREATE DATABASE {name}")
-        probe = await asyncpg.connect(with_database(db_url, name))
-        try:
-            await probe.execute(
-                "CREATE TABLE warmed (n int PRIMARY KEY); INSERT INTO warmed SELECT generate_series(1, 500);"
-                "CREATE TABLE untouched (n int)"
-            )
-        finally:
-            await probe.close()  # its counts reach the statistics when it ends, as a warm-up's do
-        url = with_database(db_url, name)
+    setup = (
+        "CREATE TABLE warmed (n int PRIMARY KEY); INSERT INTO warmed SELECT generate_series(1, 500);"
+        "CREATE TABLE untouched (n int)"
+    )
+    async with probe_database(db_url, name, setup) as url:
         conn = await asyncpg.connect(url)
         try:
             for _ in range(100):
@@ -122,6 +124,3 @@ async def test_analyze_after_a_warm_up_analyses_the_tables_it_filled(db_url: str
             await probe.close()
         assert rows == {"warmed": (True, 500.0), "untouched": (False, -1.0)}
         assert note.startswith("1 tables analysed after the warm-up in ")
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        await admin.close()
