@@ -110,7 +110,7 @@ class Cluster:
         cost 0.54 - 0.55 against 0.42 - 0.47 ms of PostgreSQL, even on fresh tables of its own), nor for
         a time-based checkpoint (the CHECKPOINT restarts checkpoint_timeout)."""
         started = time.monotonic()
-        await self._in_each_database("bench_vacuum_statement")
+        await self._in_each_database(sql("bench_vacuum_statement"))
         vacuumed = time.monotonic() - started
         conn = await asyncpg.connect(self.owner_url)
         try:
@@ -140,17 +140,17 @@ class Cluster:
         entries in 5 s and ran at 323 against ~2,000 cycles/s (5.4 ms of PostgreSQL a cycle). ANALYZE
         invalidates the cached plans of a connection that stays open. Answers what it did."""
         started = time.monotonic()
-        analysed = await self._in_each_database("bench_analyze_statement")
+        analysed = await self._in_each_database(sql("bench_analyze_statement"))
         return f"{analysed} tables analysed after the warm-up in {time.monotonic() - started:.1f} s"
 
-    async def _in_each_database(self, query: str) -> int:
-        """In each of the bench's databases, the statement that `query` generates for its tables (NULL:
-        none to run); answers how many tables the statements named."""
+    async def _in_each_database(self, generator: str) -> int:
+        """In each of the bench's databases, the statement that the query `generator` writes for its
+        tables (NULL: none to run); answers how many tables the statements named."""
         tables = 0
         for name in self._databases:
             db = await asyncpg.connect(with_database(self.owner_url, name))
             try:
-                statement = await db.fetchval(sql(query))
+                statement = await db.fetchval(generator)
                 if statement is not None:
                     await db.execute(statement)
                     tables += statement.count(",") + 1
