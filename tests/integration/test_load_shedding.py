@@ -21,6 +21,7 @@ from support.flood import (
     POOL,
     QUEUE,
     claim_all,
+    flood,
     heartbeat,
     slow,
     until_waiting,
@@ -46,7 +47,7 @@ async def test_past_the_queue_bound_requests_are_shed_and_reads_keep_their_pool(
         try:
             async with owner.transaction():
                 await owner.execute(LOCK_ALL)
-                tasks = [heartbeat(http, op, token) for op, token in tokens.items()]
+                tasks = await flood(http, tokens)
                 # POOL heartbeats hold a connection (waiting for the row lock), QUEUE wait for one,
                 # and every other one is answered at once, while the rows are still locked.
                 shed_count = OPERATIONS - POOL - QUEUE
