@@ -63,6 +63,7 @@ class CompleteBody(msgspec.Struct):
 _CLAIM = msgspec.json.Decoder(ClaimBody)
 _SUBMIT = msgspec.json.Decoder(SubmitBody)
 _COMPLETE = msgspec.json.Decoder(CompleteBody)
+_ENCODE = msgspec.json.Encoder().encode
 _REASONS = {200: b"OK", 201: b"Created", 404: b"Not Found", 409: b"Conflict", 500: b"Internal Server Error"}
 
 
@@ -153,11 +154,49 @@ class Floor:
         return _answer(409, b'{"code":"invalid_transition"}')
 
 
+class RepositoryFloor:
+    """`--mode repository`: the same HTTP shape, each call through the service's own executor functions
+    (http.executor's run_claim, run_submit, run_complete: the strict body, the domain, the write-path
+    function through the runtime pool and its natural batching, the answer's view) on a migrated
+    database, and nothing of the app around them (no ASGI, Litestar, authentication, admission,
+    telemetry or metrics). The gap from the lean floor is our rules and SQL in Python's share; the gap
+    to serve, the app around them. Not a bench row: `python -m effect_ledger_bench.httpfloor --mode
+    repository` alone, measured from outside (as `interfaceinstr` or a CPU reading)."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        from effect_ledger.http.auth import EXECUTE, Caller
+        from effect_ledger.http.fastpath import ROUTES
+
+        self.routes = {name.encode(): route for name, route in ROUTES.items()}
+        self.caller = Caller(TENANT, PRINCIPAL, frozenset({EXECUTE}))
+        self.state = SimpleNamespace(approval_policy=None)  # no approval rule covers the bench's tool
+        self.ledger: Any = None
+        self.pools: Any = None
+
+    async def open(self, url: str) -> None:
+        from effect_ledger.db import ledger as repo
+        from effect_ledger.db.pools import Pools
+        from effect_ledger.settings import Settings
+
+        settings = Settings(database_url=url)
+        self.pools = await Pools.open(settings, reader=False, audit=False)
+        self.ledger = repo.Ledger(self.pools.runtime, settings.pool_acquire_timeout_ms / 1000)
+
+    async def call(self, conn: None, op: str, action: bytes, body: bytes) -> bytes:
+        route = self.routes.get(action)
+        if route is None:
+            return _answer(404, b'{"code":"not_found"}')
+        reply = await route.run(self.state, self.ledger, self.caller, op, route.decode(body))
+        return _answer(reply.status, _ENCODE(reply.content))
+
+
 class FloorProtocol(asyncio.Protocol):
     """One HTTP/1.1 keep-alive connection: requests framed by Content-Length, answered in order (wrk
     sends the next request of a connection only after the answer to the last)."""
 
-    def __init__(self, floor: Floor) -> None:
+    def __init__(self, floor: Floor | RepositoryFloor) -> None:
         self.floor = floor
         self.buffer = b""
         self.transport: Any = None
@@ -168,7 +207,7 @@ class FloorProtocol(asyncio.Protocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None:
+        if self.conn is not None and isinstance(self.floor, Floor):
             self.floor.spare.append(self.conn)
             self.conn = None
 
@@ -200,9 +239,13 @@ class FloorProtocol(asyncio.Protocol):
 
     async def _serve(self, op: str, action: bytes, body: bytes) -> None:
         try:
-            if self.conn is None:
-                self.conn = await self.floor.connection()
-            answer = await self.floor.call(self.conn, op, action, body)
+            floor = self.floor
+            if isinstance(floor, RepositoryFloor):  # the runtime pool's connections, per statement
+                answer = await floor.call(None, op, action, body)
+            else:
+                if self.conn is None:
+                    self.conn = await floor.connection()
+                answer = await floor.call(self.conn, op, action, body)
         except Exception as exc:  # a floor: say what failed and carry on
             answer = _answer(500, msgspec.json.encode({"error": repr(exc)}))
         self.busy = False
@@ -211,10 +254,15 @@ class FloorProtocol(asyncio.Protocol):
             self._next()
 
 
-async def serve(url: str, host: str, port: int, connections: int) -> None:
-    """Listen until killed; `connections` database connections opened before `ready`."""
-    floor = Floor(url)
-    floor.spare = list(await asyncio.gather(*(asyncpg.connect(url) for _ in range(connections))))
+async def serve(url: str, host: str, port: int, connections: int, mode: str = "lean") -> None:
+    """Listen until killed; `connections` database connections opened before `ready` (the lean mode)."""
+    floor: Floor | RepositoryFloor
+    if mode == "repository":
+        floor = RepositoryFloor()
+        await floor.open(url)
+    else:
+        floor = Floor(url)
+        floor.spare = list(await asyncio.gather(*(asyncpg.connect(url) for _ in range(connections))))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: FloorProtocol(floor), host, port, backlog=1024)
     print("ready", flush=True)
@@ -276,6 +324,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--connections", type=int, default=16, help="database connections opened up front")
+    parser.add_argument(
+        "--mode",
+        choices=("lean", "repository"),
+        default="lean",
+        help="lean: the lean yardstick's statements (the bench's row); repository: the service's executor"
+        " functions on a migrated database (RepositoryFloor)",
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop  # the service's event loop (effect_ledger.http.server)
@@ -284,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         runner = uvloop.run
     try:
-        runner(serve(args.url, args.host, args.port, args.connections))
+        runner(serve(args.url, args.host, args.port, args.connections, args.mode))
     except KeyboardInterrupt:
         sys.exit(0)
 
