@@ -46,32 +46,14 @@ async def claim_all(http: httpx.AsyncClient) -> dict[str, str]:
         assert r.status_code == 201, r.text
         tokens[f"op-{n}"] = r.json()["claim"]["token"]
 
-    await until(
-        lambda: runtime_in_use(http),
-        "the claims' connections back in the runtime pool",
-        holds=lambda n: n == 0,
-    )
+    async def in_use() -> float:
+        found = samples((await http.get("/metrics")).text)
+        return found[
+            ("effect_ledger_db_pool_connections", frozenset({("pool", "runtime"), ("state", "in_use")}))
+        ]
+
+    await until(in_use, "the claims' connections back in the runtime pool", holds=lambda n: n == 0)
     return tokens
-
-
-async def runtime_in_use(http: httpx.AsyncClient) -> float:
-    """The runtime pool's connections in use, from /metrics."""
-    found = samples((await http.get("/metrics")).text)
-    return found[("effect_ledger_db_pool_connections", frozenset({("pool", "runtime"), ("state", "in_use")}))]
-
-
-async def flood(http: httpx.AsyncClient, tokens: dict[str, str]) -> list[asyncio.Task[httpx.Response]]:
-    """One heartbeat per operation in flight (the rows locked): the first POOL of them sent, and holding
-    the runtime pool's connections, before the rest. Sent all at once, the first ones count as queued
-    until their free connections are acquired (the admission sees a request as waiting from its
-    arrival to its acquire), so the requests right behind them could be shed with fewer than QUEUE
-    really queued: two full runs in round 22 admitted 4 of the 12, not POOL + QUEUE = 5."""
-    items = list(tokens.items())
-    first = [heartbeat(http, op, token) for op, token in items[:POOL]]
-    await until(
-        lambda: runtime_in_use(http), f"{POOL} heartbeats holding the runtime pool", holds=lambda n: n == POOL
-    )
-    return first + [heartbeat(http, op, token) for op, token in items[POOL:]]
 
 
 def heartbeat(http: httpx.AsyncClient, op: str, token: str) -> asyncio.Task[httpx.Response]:

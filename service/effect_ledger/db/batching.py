@@ -78,11 +78,11 @@ class _Command:
         self.answered = False  # the statement carrying it is over (answered, or failed)
         self.settled: asyncio.Future[None] | None = None  # a cancelled caller waits here for that end
 
-    def connect(self, admission: Any) -> None:
+    def connect(self, admission: Any, holding: bool = True) -> None:
         if not self.connected:
             self.connected = True
             if admission is not None:
-                admission.acquired(self.ticket)
+                admission.acquired(self.ticket, holding)
 
 
 @dataclass
@@ -144,8 +144,8 @@ class WriteBatcher:
                 raise
         finally:
             if admission is not None:
-                command.connect(admission)  # (never connected: its wait ends here)
-                admission.leave(tenant)
+                command.connect(admission, holding=False)  # (never connected: its wait ends here)
+                admission.leave(tenant, command.ticket)
 
     def _expire_due(self) -> None:
         """The acquire timeout of the calls still queued, oldest first: each leaves the queue and its

@@ -143,6 +143,15 @@ class Admission:
     Fair to quiet tenants: a tenant with fewer requests in flight (queued or holding a connection)
     than its share of the pool (capacity / tenants in flight, rounded up) is admitted even past the
     bounds, so a flood by one tenant fills the queue with its own requests and sheds only them.
+
+    Queued means beyond the free connections: an admitted request waits (in `_waiting`) from its
+    arrival until its acquire returns, but the first `capacity - holding` of them are taking a free
+    connection, not queuing for one. Until round 22 every waiting request counted, so a burst that
+    arrived on an idle pool before the event loop ran the first acquires was shed after
+    `max_waiting` requests instead of `capacity + max_waiting` (tests/unit/test_admission.py). With
+    natural batching several calls ride one statement and one connection, so `holding` counts calls
+    and may exceed the connections in use: free connections are then undercounted, which only ever
+    counts more as queued (never sheds more than before).
     """
 
     def __init__(
@@ -160,12 +169,13 @@ class Admission:
         self.clock = clock
         self.on_shed: Callable[[str, str], None] = lambda pool, reason: None  # metrics count sheds
         self._waiting: dict[int, float] = {}  # ticket -> when it started waiting, oldest first
+        self._holding: set[int] = set()  # tickets that got their connection and have not left
         self._inflight: dict[str, int] = {}  # tenant -> requests queued for or holding a connection
         self._tickets = itertools.count()
 
     def shed_reason(self, tenant: str) -> str | None:
         """Why `tenant`'s request arriving now would be shed ("queue" or "wait"), or None to admit it."""
-        if len(self._waiting) >= self.max_waiting:
+        if self.queued >= self.max_waiting:
             reason = "queue"
         elif self._waiting and self.clock() - next(iter(self._waiting.values())) > self.shed_wait_seconds:
             reason = "wait"
@@ -186,12 +196,15 @@ class Admission:
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         return ticket
 
-    def acquired(self, ticket: int) -> None:
-        """The request stopped waiting (it got its connection, or gave up)."""
+    def acquired(self, ticket: int, holding: bool = True) -> None:
+        """The request stopped waiting: it got its connection (`holding`), or gave up."""
         del self._waiting[ticket]
+        if holding:
+            self._holding.add(ticket)
 
-    def leave(self, tenant: str) -> None:
+    def leave(self, tenant: str, ticket: int) -> None:
         """The request released its connection (or never got one)."""
+        self._holding.discard(ticket)
         left = self._inflight[tenant] - 1
         if left:
             self._inflight[tenant] = left
@@ -200,8 +213,9 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a connection right now."""
-        return len(self._waiting)
+        """Requests waiting for a connection right now, beyond those taking a free one."""
+        free = max(0, self.capacity - len(self._holding))
+        return max(0, len(self._waiting) - free)
 
 
 SHED_PHASE = "shed"  # the phase of a request refused before it queued (its incident is only spooled)
@@ -413,17 +427,19 @@ async def _connection(
     ticket = admission.enter(tenant)
     try:
         acquiring = pool.acquire(timeout=acquire_timeout)
+        holding = False
         try:
             conn = await acquiring.__aenter__()
+            holding = True
         finally:
-            admission.acquired(ticket)
+            admission.acquired(ticket, holding)
         tracing.set_attributes(span, {"effect_ledger.db.pool": admission.name})
         try:
             yield conn
         finally:
             await acquiring.__aexit__(None, None, None)
     finally:
-        admission.leave(tenant)
+        admission.leave(tenant, ticket)
 
 
 @contextmanager
