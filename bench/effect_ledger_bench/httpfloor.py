@@ -81,7 +81,9 @@ def _sha(text: str) -> str:
 
 
 class Floor:
-    """The statements and the spare database connections of one floor server."""
+    """The statements and the spare database connections of one floor server (the lean mode). Both
+    modes answer `open`, `connection` (what an HTTP connection keeps for its calls), `release` and
+    `call`."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -91,9 +93,17 @@ class Floor:
         self.complete_sql = queries["lean_complete"]
         self.spare: list[asyncpg.Connection] = []
 
+    async def open(self, connections: int) -> None:
+        """`connections` database connections opened up front."""
+        self.spare = list(await asyncio.gather(*(asyncpg.connect(self.url) for _ in range(connections))))
+
     async def connection(self) -> asyncpg.Connection:
         """A database connection for one HTTP connection (a spare one, else a new one)."""
         return self.spare.pop() if self.spare else await asyncpg.connect(self.url)
+
+    def release(self, conn: asyncpg.Connection) -> None:
+        """An HTTP connection's database connection, spare again."""
+        self.spare.append(conn)
 
     async def call(self, conn: asyncpg.Connection, op: str, action: bytes, body: bytes) -> bytes:
         """One executor call: its statement, and the answer's bytes."""
@@ -163,28 +173,37 @@ class RepositoryFloor:
     to serve, the app around them. Not a bench row: `python -m effect_ledger_bench.httpfloor --mode
     repository` alone, measured from outside (as `interfaceinstr` or a CPU reading)."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str) -> None:
         from types import SimpleNamespace
 
         from effect_ledger.http.auth import EXECUTE, Caller
         from effect_ledger.http.fastpath import ROUTES
 
+        self.url = url
         self.routes = {name.encode(): route for name, route in ROUTES.items()}
         self.caller = Caller(TENANT, PRINCIPAL, frozenset({EXECUTE}))
         self.state = SimpleNamespace(approval_policy=None)  # no approval rule covers the bench's tool
         self.ledger: Any = None
         self.pools: Any = None
 
-    async def open(self, url: str) -> None:
+    async def open(self, connections: int) -> None:
+        """The runtime pool as serve opens it (its size is serve's default, not `connections`)."""
         from effect_ledger.db import ledger as repo
         from effect_ledger.db.pools import Pools
         from effect_ledger.settings import Settings
 
-        settings = Settings(database_url=url)
+        settings = Settings(database_url=self.url)
         self.pools = await Pools.open(settings, reader=False, audit=False)
         self.ledger = repo.Ledger(self.pools.runtime, settings.pool_acquire_timeout_ms / 1000)
 
-    async def call(self, conn: None, op: str, action: bytes, body: bytes) -> bytes:
+    async def connection(self) -> Any:
+        """Nothing of its own for an HTTP connection: its calls take the pool's, per statement."""
+        return self.ledger
+
+    def release(self, conn: Any) -> None:
+        return None
+
+    async def call(self, conn: Any, op: str, action: bytes, body: bytes) -> bytes:
         route = self.routes.get(action)
         if route is None:
             return _answer(404, b'{"code":"not_found"}')
@@ -200,15 +219,15 @@ class FloorProtocol(asyncio.Protocol):
         self.floor = floor
         self.buffer = b""
         self.transport: Any = None
-        self.conn: asyncpg.Connection | None = None
+        self.conn: Any = None  # what the floor keeps for this connection's calls (Floor.connection)
         self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None and isinstance(self.floor, Floor):
-            self.floor.spare.append(self.conn)
+        if self.conn is not None:
+            self.floor.release(self.conn)
             self.conn = None
 
     def data_received(self, data: bytes) -> None:
@@ -239,13 +258,9 @@ class FloorProtocol(asyncio.Protocol):
 
     async def _serve(self, op: str, action: bytes, body: bytes) -> None:
         try:
-            floor = self.floor
-            if isinstance(floor, RepositoryFloor):  # the runtime pool's connections, per statement
-                answer = await floor.call(None, op, action, body)
-            else:
-                if self.conn is None:
-                    self.conn = await floor.connection()
-                answer = await floor.call(self.conn, op, action, body)
+            if self.conn is None:
+                self.conn = await self.floor.connection()
+            answer = await self.floor.call(self.conn, op, action, body)
         except Exception as exc:  # a floor: say what failed and carry on
             answer = _answer(500, msgspec.json.encode({"error": repr(exc)}))
         self.busy = False
@@ -255,14 +270,9 @@ class FloorProtocol(asyncio.Protocol):
 
 
 async def serve(url: str, host: str, port: int, connections: int, mode: str = "lean") -> None:
-    """Listen until killed; `connections` database connections opened before `ready` (the lean mode)."""
-    floor: Floor | RepositoryFloor
-    if mode == "repository":
-        floor = RepositoryFloor()
-        await floor.open(url)
-    else:
-        floor = Floor(url)
-        floor.spare = list(await asyncio.gather(*(asyncpg.connect(url) for _ in range(connections))))
+    """Listen until killed, the database connections opened before `ready`."""
+    floor = RepositoryFloor(url) if mode == "repository" else Floor(url)
+    await floor.open(connections)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: FloorProtocol(floor), host, port, backlog=1024)
     print("ready", flush=True)
@@ -273,11 +283,12 @@ async def serve(url: str, host: str, port: int, connections: int, mode: str = "l
 class FloorProcess:
     """The floor server as a subprocess of the bench, on a free port."""
 
-    def __init__(self, url: str, connections: int) -> None:
+    def __init__(self, url: str, connections: int, mode: str = "lean") -> None:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.url = url
         self.connections = connections
+        self.mode = mode
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self, within: float = 30.0) -> None:
@@ -292,6 +303,8 @@ class FloorProcess:
             str(self.port),
             "--connections",
             str(self.connections),
+            "--mode",
+            self.mode,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
