@@ -145,15 +145,15 @@ class Cluster:
 
     async def _in_each_database(self, generator: str) -> int:
         """In each of the bench's databases, the statement that the query `generator` writes for its
-        tables (NULL: none to run); answers how many tables the statements named."""
+        tables (`statement`, NULL: none to run) and how many it names (`tables`); answers their sum."""
         tables = 0
         for name in self._databases:
             db = await asyncpg.connect(with_database(self.owner_url, name))
             try:
-                statement = await db.fetchval(generator)
-                if statement is not None:
-                    await db.execute(statement)
-                    tables += statement.count(",") + 1
+                row = await db.fetchrow(generator)
+                if row["statement"] is not None:
+                    await db.execute(row["statement"])
+                    tables += row["tables"]
             finally:
                 await db.close()
         return tables

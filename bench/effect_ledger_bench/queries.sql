@@ -17,19 +17,22 @@ SELECT count(*) AS workers FROM pg_stat_activity WHERE backend_type = 'autovacuu
 
 -- name: bench_vacuum_statement
 -- The VACUUM (ANALYZE) of the connected database's tables that autovacuum would come back for (rows
--- changed since their last vacuum or analyse), or NULL when there are none; Cluster.settle runs it.
+-- changed since their last vacuum or analyse), NULL when there are none, and how many; Cluster.settle
+-- runs it.
 -- Never an empty table: its first vacuum sets reltuples to 0, and the planner's ten-page guess for a
 -- never-vacuumed table is gone (round 13: after a vacuum of every table of the freshly migrated
 -- service database, the in-process row ran at 544 instead of ~1,200 cycles/s, 2.08 ms of PostgreSQL a
 -- cycle; most likely the write path's cached plans, made for tables planned as empty, scanning them).
 SELECT 'VACUUM (ANALYZE) ' || string_agg(format('%I.%I', schemaname, relname), ', ' ORDER BY relname)
+       AS statement, count(*) AS tables
 FROM pg_stat_user_tables
 WHERE n_live_tup > 0 AND (n_dead_tup > 0 OR n_ins_since_vacuum > 0 OR n_mod_since_analyze > 0);
 
 -- name: bench_analyze_statement
--- The ANALYZE of the connected database's non-empty tables changed since their last analyse, or NULL;
--- Cluster.analyze runs it after a layer's warm-up (round 22: see there).
+-- The ANALYZE of the connected database's non-empty tables changed since their last analyse, NULL when
+-- there are none, and how many; Cluster.analyze runs it after a layer's warm-up (round 22: see there).
 SELECT 'ANALYZE ' || string_agg(format('%I.%I', schemaname, relname), ', ' ORDER BY relname)
+       AS statement, count(*) AS tables
 FROM pg_stat_user_tables
 WHERE n_live_tup > 0 AND n_mod_since_analyze > 0;
 

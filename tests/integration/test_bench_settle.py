@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from effect_ledger_bench.database import Cluster, with_database
+from support.waiting import until
 
 
 async def redo_point(conn: asyncpg.Connection) -> int:
@@ -46,6 +47,18 @@ async def counted_dead_rows(url: str) -> None:
         raise AssertionError("the deleted rows never reached the statistics")
     finally:
         await conn.close()
+
+
+async def changed_rows(url: str, table: str) -> int:
+    """Rows of `table` changed since its last analyse, as the statistics show them."""
+    conn = await asyncpg.connect(url)
+    try:
+        changed = await conn.fetchval(
+            "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = $1", table
+        )
+    finally:
+        await conn.close()
+    return int(changed or 0)
 
 
 @asynccontextmanager
@@ -100,16 +113,13 @@ async def test_analyze_after_a_warm_up_analyses_the_tables_it_filled(db_url: str
         "CREATE TABLE untouched (n int)"
     )
     async with probe_database(db_url, name, setup) as url:
-        conn = await asyncpg.connect(url)
-        try:
-            for _ in range(100):
-                if await conn.fetchval(
-                    "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'warmed'"
-                ):
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await conn.close()
+        await until(
+            lambda: changed_rows(url, "warmed"),
+            "the filled table's changes in the statistics",
+            holds=lambda changed: changed > 0,
+            within=10,
+            every=0.05,
+        )
         note = await Cluster(db_url, _databases=[name]).analyze()
         probe = await asyncpg.connect(url)
         try:
