@@ -883,11 +883,12 @@ async def _watching_guard(
 @dataclass(frozen=True, slots=True)
 class Witness:
     url: str
-    vkey: str
+    vkey: str  # as configured (shown to auditors)
+    key: Verifier  # parsed once, at configuration
 
     @property
     def name(self) -> str:
-        return self.vkey.split("+", 1)[0]
+        return self.key.name
 
 
 @dataclass
@@ -899,9 +900,8 @@ class Witnesses:
 
 def witness_config(settings: Settings) -> Witnesses:
     """LOG_WITNESSES (JSON list of {url, vkey}) and LOG_WITNESS_QUORUM (-1: all of them)."""
-    items = [Witness(str(w["url"]), str(w["vkey"])) for w in json.loads(settings.log_witnesses or "[]")]
-    for item in items:
-        parse_vkey(item.vkey)
+    configured = json.loads(settings.log_witnesses or "[]")
+    items = [Witness(str(w["url"]), str(w["vkey"]), parse_vkey(str(w["vkey"]))) for w in configured]
     quorum = len(items) if settings.log_witness_quorum < 0 else settings.log_witness_quorum
     return Witnesses(items, quorum)
 
@@ -916,7 +916,6 @@ async def _cosign_one(
     note: str,
 ) -> str | None:
     """Submit one checkpoint to one witness (re-sending once from the size a 409 names)."""
-    key = parse_vkey(witness.vkey)
     old = witnesses.known.get((witness.url, origin), 0)
     async with httpx.AsyncClient(timeout=5.0) as client:
         for _ in range(2):
@@ -935,7 +934,7 @@ async def _cosign_one(
                 )
                 return None
             witnesses.known[(witness.url, origin)] = size
-            return "".join(_cosignatures(note, response.text, key)) or None
+            return "".join(_cosignatures(note, response.text, witness.key)) or None
     return None
 
 
@@ -956,7 +955,7 @@ async def submit_to_witnesses(
     note, had = row["note"], row["cosignatures"] or ""
     collected, missing = had, 0
     for witness in witnesses.items:
-        if _cosignatures(note, had, parse_vkey(witness.vkey)):
+        if _cosignatures(note, had, witness.key):
             continue
         try:
             got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, note)
