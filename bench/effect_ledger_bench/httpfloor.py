@@ -25,6 +25,7 @@ import hashlib
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -36,6 +37,7 @@ from effect_ledger_bench.service import free_port
 from effect_ledger_bench.workload import PRINCIPAL, TENANT
 
 GENESIS = "0" * 64
+_SOURCE = str(Path(__file__).resolve().parents[1])  # the directory this package is imported from
 SEALED = hashlib.sha256(b"sealed").digest()
 
 
@@ -292,7 +294,9 @@ class FloorProcess:
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self, within: float = 30.0) -> None:
-        """Start it and wait for its `ready` line."""
+        """Start it and wait for its `ready` line. The child finds this package where this process
+        found it (the bench may run from its source tree, not installed: the test suite's does)."""
+        path = os.pathsep.join(p for p in (_SOURCE, os.environ.get("PYTHONPATH", "")) if p)
         self._proc = proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -307,6 +311,7 @@ class FloorProcess:
             self.mode,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
         )
         assert proc.stdout is not None and proc.stderr is not None
         try:
