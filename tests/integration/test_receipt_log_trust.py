@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -29,7 +30,14 @@ import pytest
 
 from effect_ledger.db import receipt_log
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.note import ALG_COSIGNATURE_V1, Signer, parse_checkpoint, parse_note
+from effect_ledger.domain.note import (
+    ALG_COSIGNATURE_V1,
+    Signature,
+    Signer,
+    parse_checkpoint,
+    parse_note,
+    parse_vkey,
+)
 from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
@@ -651,6 +659,74 @@ async def test_a_checkpoint_a_witness_missed_is_offered_again_until_it_is_cosign
         assert parse_checkpoint(parse_note(note.text).text).size == 1
         proof = (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).text
         assert verify_proof(proof, vkey, [witness["vkey"]]).cosigned_by == (witness["vkey"].split("+")[0],)
+
+
+async def test_a_proof_goes_against_the_newest_checkpoint_the_quorum_cosigned(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """API.md section 14: the proof file carries "the cosigned checkpoint it proves against". With the
+    witness down after size 1 was cosigned, size 2 is signed but not cosigned: op-0's proof goes against
+    the cosigned size 1 (and verifies with the quorum), op-1's is 409 not_yet_logged with Retry-After
+    until the witness is back and cosigns size 2. Until round 23 both were proved against the newest
+    checkpoint, cosigned or not: proof files that `effect-ledger-verify --quorum 1` refuses."""
+    from effect_ledger.signer import signer_from_settings
+
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
+    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    with contextlib.ExitStack() as up:  # the witness, up for size 1 only
+        w = up.enter_context(cli_process(*witness_args, env=env))
+        witness = {"url": w["witness"], "vkey": w["vkey"]}
+        witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
+        async with Service(witnessed) as running, running.client() as client:
+            await committed(client, "op-0")
+            await until(
+                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
+                "size 1 cosigned",
+                holds=lambda r: r.text.count("\u2014") == 2,
+            )
+            up.close()  # the witness stops
+            await committed(client, "op-1")
+            await wait_for_size(client, 2)
+            assert (await get(client, "/v1/log/checkpoint", **AUDITOR)).text.count("\u2014") == 1
+            older = await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)
+            assert older.status_code == 200, older.text
+            verified = verify_proof(older.text, vkey, [witness["vkey"]], 1)
+            assert (verified.index, verified.size) == (0, 1)
+            assert verified.cosigned_by == (witness["vkey"].split("+")[0],)
+            newer = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
+            assert newer.status_code == 409, newer.text
+            assert newer.json()["code"] == "not_yet_logged"
+            assert "quorum" in newer.json()["detail"]
+            assert int(newer.headers["Retry-After"]) >= 1
+            # a cosignature line written into the database by hand, in the witness's name, counts for nothing
+            # (the witness's name and key ID, then a timestamp and a signature no key made)
+            real = parse_vkey(witness["vkey"])
+            line = Signature(real.name, real.key_id, secrets.token_bytes(8 + 64)).line
+            async with superuser(db_url) as admin:
+                await admin.execute(
+                    "UPDATE ledger.log_checkpoints SET cosignatures = $1 WHERE tenant_id = 't1' AND size = 2",
+                    line,
+                )
+            forging = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
+            assert forging.status_code == 409, forging.text
+            served = (await get(client, "/v1/log/checkpoint", **AUDITOR)).text
+            assert served.count("\u2014") == 1 and line not in served  # nor is it served with the checkpoint
+            with cli_process(*witness_args, env=env):  # back: it cosigns size 2
+                proved = await until(
+                    lambda: get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR),
+                    "op-1 proved against a cosigned checkpoint",
+                    holds=lambda r: r.status_code == 200,
+                    within=30,
+                )
+            verified = verify_proof(proved.text, vkey, [witness["vkey"]], 1)
+            assert (verified.index, verified.size) == (1, 2)
+            async with superuser(db_url) as admin:  # the forged line was dropped when the witness cosigned
+                kept = await admin.fetchval(
+                    "SELECT cosignatures FROM ledger.log_checkpoints WHERE tenant_id = 't1' AND size = 2"
+                )
+            assert line not in kept and kept.count("\u2014") == 1
 
 
 async def test_a_witness_that_never_answers_does_not_hold_up_the_start(

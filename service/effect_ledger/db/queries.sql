@@ -754,6 +754,12 @@ UPDATE ledger.log_checkpoints SET cosignatures = $3 WHERE tenant_id = $1 AND siz
 SELECT size, root, note, cosignatures, signed_at
 FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
 
+-- name: log_checkpoints_covering
+-- The tenant's newest signed checkpoints (at most $3) that hold leaf index $2 - 1 (size >= feed position
+-- $2), newest first: a proof goes against the first of them its witnesses' quorum cosigned.
+SELECT size, root, note, cosignatures
+FROM ledger.log_checkpoints WHERE tenant_id = $1 AND size >= $2 ORDER BY size DESC LIMIT $3;
+
 -- name: log_checkpoint_at
 -- The tenant's signed checkpoint of size $2 (GET /v1/log/consistency's `to`).
 SELECT size, note FROM ledger.log_checkpoints WHERE tenant_id = $1 AND size = $2;

@@ -634,12 +634,15 @@ class LogTampered(Exception):
     """Stored log data no longer matches what was logged (an edit in the database): a 500, logged."""
 
 
-def not_yet_logged(retry_after: int) -> LedgerError:
-    return LedgerError(
-        "not_yet_logged",
-        "The receipt is committed but not yet in a signed checkpoint.",
-        retry_after=retry_after,
+def not_yet_logged(retry_after: int, cosigned: bool = False) -> LedgerError:
+    """409 not_yet_logged; `cosigned`: the receipt is in a signed checkpoint, but in none that the
+    witnesses' quorum has cosigned yet."""
+    detail = (
+        "The receipt is in a signed checkpoint, but not yet in one the witnesses' quorum has cosigned."
+        if cosigned
+        else "The receipt is committed but not yet in a signed checkpoint."
     )
+    return LedgerError("not_yet_logged", detail, retry_after=retry_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -649,12 +652,14 @@ class CheckpointView:
     note: str  # the log's signed note with every collected cosignature line
 
 
-async def latest_checkpoint(ledger: Ledger, tenant: str) -> CheckpointView | None:
+async def latest_checkpoint(ledger: Ledger, tenant: str, witnesses: Witnesses) -> CheckpointView | None:
+    """The tenant's latest signed checkpoint with the cosignatures of `witnesses` that verify."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_checkpoint") as (conn, _):
         row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
     if row is None:
         return None
-    return CheckpointView(int(row["size"]), bytes(row["root"]), row["note"] + row["cosignatures"])
+    cosignatures, _ = witnessed(row["note"], row["cosignatures"] or "", witnesses)
+    return CheckpointView(int(row["size"]), bytes(row["root"]), row["note"] + cosignatures)
 
 
 async def read_tile(ledger: Ledger, tenant: str, ref: TileRef) -> bytes | None:
@@ -675,16 +680,44 @@ async def read_tile(ledger: Ledger, tenant: str, ref: TileRef) -> bytes | None:
     return tiles.tile_prefix(blob, ref.width)
 
 
-async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: int) -> str:
-    """The tlog-proof@v1 file of a committed operation against the latest checkpoint."""
+# How many of a tenant's newest checkpoints a proof looks through for one its witnesses' quorum cosigned.
+COSIGNED_LOOKBACK = 64
+
+
+def witnessed(note: str, lines: str, witnesses: Witnesses) -> tuple[str, int]:
+    """Of the cosignature lines kept for a checkpoint's `note`, those that verify against a configured
+    witness's key (one a witness), and how many witnesses they are. A line that does not verify (written
+    into the database by hand, or by a witness no longer configured) is never served: a verifier that
+    knows the key name rejects a note with a bad signature of that key (golang.org/x/mod/sumdb/note's
+    Open does), so one such line would make the whole checkpoint unverifiable."""
+    kept = [found[0] for w in witnesses.items if (found := _cosignatures(note, lines, w.key))]
+    return "".join(kept), len(kept)
+
+
+async def proof_of(
+    ledger: Ledger, tenant: str, operation_id: str, retry_after: int, witnesses: Witnesses
+) -> str:
+    """The tlog-proof@v1 file of a committed operation against the newest checkpoint that holds it and
+    that the witnesses' quorum cosigned (API.md section 14: "the cosigned checkpoint it proves
+    against"); with no witnesses, the newest checkpoint. A receipt in no such checkpoint yet (not
+    signed yet, or signed in checkpoints the quorum has not cosigned yet) is `not_yet_logged`: a proof
+    against an uncosigned checkpoint is one the auditors' `--quorum` refuses."""
     async with tenant_tx(ledger.pool, tenant, ledger.acquire_timeout, "log_proof") as (conn, _):
         found = await conn.fetchrow(sql("log_position"), tenant, operation_id)
         if found is None:
             raise not_found()
-        row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
         position = found["feed_position"]
-        if row is None or position is None or position > row["size"]:
-            raise not_yet_logged(retry_after)  # committed, not yet on the feed or in a checkpoint
+        if position is None:
+            raise not_yet_logged(retry_after)  # committed, not yet on the feed
+        covering = await conn.fetch(sql("log_checkpoints_covering"), tenant, position, COSIGNED_LOOKBACK)
+        row, cosignatures = None, ""
+        for candidate in covering:
+            cosignatures, count = witnessed(candidate["note"], candidate["cosignatures"] or "", witnesses)
+            if count >= witnesses.quorum:
+                row = candidate
+                break
+        if row is None:  # in no checkpoint yet, or in none the quorum cosigned yet
+            raise not_yet_logged(retry_after, cosigned=bool(covering))
         index = int(position) - 1
         size = int(row["size"])
         bundle = (await _fetch_tiles(conn, tenant, {(ENTRIES, index // TILE_WIDTH)})).get(
@@ -707,7 +740,7 @@ async def proof_of(ledger: Ledger, tenant: str, operation_id: str, retry_after: 
         ):
             log.error("log_proof_mismatch", tenant=tenant, index=index)
             raise LogTampered("the stored log no longer proves this entry")
-    return proof_file(leaf, index, proof, row["note"] + row["cosignatures"])
+    return proof_file(leaf, index, proof, row["note"] + cosignatures)
 
 
 def _signed_root(note: str) -> bytes:
@@ -953,9 +986,10 @@ async def submit_to_witnesses(
     if row is None or row["size"] != size:
         return 0
     note, had = row["note"], row["cosignatures"] or ""
-    collected, missing = had, 0
+    collected, _ = witnessed(note, had, witnesses)  # lines that do not verify are dropped here
+    missing = 0
     for witness in witnesses.items:
-        if _cosignatures(note, had, witness.key):
+        if _cosignatures(note, collected, witness.key):
             continue
         try:
             got = await _cosign_one(conn, tenant, witnesses, witness, origin, size, note)

@@ -39,7 +39,8 @@ class LogController(Controller):
     async def checkpoint(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """The latest signed checkpoint (a signed note) with every witness cosignature collected for it."""
         QueryProblems(request, ()).check()
-        latest = await repo.latest_checkpoint(audit_ledger_of(request), caller_of(request).tenant)
+        witnesses = repo.witness_config(_settings(request))
+        latest = await repo.latest_checkpoint(audit_ledger_of(request), caller_of(request).tenant, witnesses)
         if latest is None:
             raise not_found("checkpoint")
         return Response(latest.note, media_type=TEXT, headers={"Cache-Control": SHORT})
@@ -90,8 +91,11 @@ class LogController(Controller):
         if not operation_id:
             raise validation_failed([("operation_id", "is required")])
         check_operation_id(operation_id)
-        retry = _settings(request).log_checkpoint_seconds + 1
-        text = await repo.proof_of(audit_ledger_of(request), caller_of(request).tenant, operation_id, retry)
+        settings = _settings(request)
+        retry = settings.log_checkpoint_seconds + 1
+        tenant = caller_of(request).tenant
+        witnesses = repo.witness_config(settings)
+        text = await repo.proof_of(audit_ledger_of(request), tenant, operation_id, retry, witnesses)
         return Response(text, media_type=TEXT, headers={"Cache-Control": SHORT})
 
     @get("/consistency", guards=[requires(AUDIT)], media_type=TEXT)

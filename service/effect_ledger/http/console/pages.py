@@ -101,20 +101,19 @@ async def log_facts(
         return None
     settings = request.app.state.settings
     tenant = session.caller.tenant
+    config = receipt_log.witness_config(settings)
     try:
-        text = await receipt_log.proof_of(audit_ledger_of(request), tenant, op.operation_id, 1)
+        text = await receipt_log.proof_of(audit_ledger_of(request), tenant, op.operation_id, 1, config)
     except LedgerError as error:
         if error.code == "not_yet_logged":
-            return {"index": None, "state": "pending", "detail": "not yet in a signed checkpoint"}
+            return {"index": None, "state": "pending", "detail": error.detail.lower().rstrip(".")}
         raise
     except receipt_log.LogTampered:
         return {"index": None, "state": "bad", "detail": "the stored entry no longer matches the log"}
     vkey = await signer.vkey(origin_of(settings.log_origin, tenant))
-    witnesses = [w.vkey for w in receipt_log.witness_config(settings).items]
+    witnesses = [w.vkey for w in config.items]
     try:
-        verified = verify_proof(
-            text, vkey, witnesses, receipt_log.witness_config(settings).quorum, op.receipt
-        )
+        verified = verify_proof(text, vkey, witnesses, config.quorum, op.receipt)
     except ProofInvalid as invalid:
         return {"index": None, "state": "bad", "detail": str(invalid)}
     return {"index": verified.index, "size": verified.size, "state": "ok", "detail": verified.line}
@@ -125,8 +124,8 @@ async def log_overview(request: Request[Any, Any, Any], session: ConsoleSession)
     if not holds(session, AUDIT) or request.app.state.log_signer is None:
         return None
     settings = request.app.state.settings
-    latest = await receipt_log.latest_checkpoint(audit_ledger_of(request), session.caller.tenant)
     config = receipt_log.witness_config(settings)
+    latest = await receipt_log.latest_checkpoint(audit_ledger_of(request), session.caller.tenant, config)
     cosigned = [w.name for w in config.items if latest is not None and f"\u2014 {w.name} " in latest.note]
     return {
         "origin": origin_of(settings.log_origin, session.caller.tenant),
