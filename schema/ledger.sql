@@ -17,11 +17,48 @@ CREATE DOMAIN ledger.attempt AS integer
 CREATE DOMAIN ledger.chain_seq AS integer
 	CONSTRAINT chain_seq_check CHECK ((VALUE >= 0));
 
+CREATE TYPE ledger.claim_command AS (
+	i integer,
+	tenant text,
+	operation_id text,
+	principal text,
+	tool text,
+	tool_version text,
+	intent_digest text,
+	lease_seconds integer,
+	nonce_hash bytea,
+	token_hash bytea,
+	sealed_token bytea,
+	submit boolean,
+	effect_ref text,
+	approval_policy jsonb
+);
+
+CREATE TYPE ledger.complete_command AS (
+	i integer,
+	tenant text,
+	operation_id text,
+	actor text,
+	token_hash bytea,
+	outcome text,
+	receipt text,
+	reason text,
+	incident jsonb
+);
+
 CREATE DOMAIN ledger.event_seq AS integer
 	CONSTRAINT event_seq_check CHECK ((VALUE >= 1));
 
 CREATE DOMAIN ledger.feed_position AS bigint
 	CONSTRAINT feed_position_check CHECK ((VALUE >= 1));
+
+CREATE TYPE ledger.heartbeat_command AS (
+	i integer,
+	tenant text,
+	operation_id text,
+	token_hash bytea,
+	lease_seconds integer
+);
 
 CREATE DOMAIN ledger.lease_seconds AS integer
 	CONSTRAINT lease_seconds_check CHECK (((VALUE >= 1) AND (VALUE <= 3600)));
@@ -34,6 +71,15 @@ CREATE DOMAIN ledger.operation_status AS text
 
 CREATE DOMAIN ledger.sha256_digest AS text
 	CONSTRAINT sha256_digest_check CHECK (((length(VALUE) = 71) AND ("left"(VALUE, 7) = 'sha256:'::text) AND (substr(VALUE, 8) !~ '[^0-9a-f]'::text)));
+
+CREATE TYPE ledger.submit_command AS (
+	i integer,
+	tenant text,
+	operation_id text,
+	token_hash bytea,
+	effect_ref text,
+	lease_seconds integer
+);
 
 CREATE FUNCTION diagnostics.store_report(p_incident_id text, p_principal text, p_report_key bytea, p_fingerprint bytea, p_operation_id text, p_attempt integer, p_phase text, p_cause text, p_http_status integer, p_provider text, p_provider_request_id text, p_retryable_hint boolean, p_elapsed_ms bigint, p_detail_code text, p_headers jsonb) RETURNS TABLE(first_incident text, stored boolean, same_fields boolean)
     LANGUAGE plpgsql SECURITY DEFINER

@@ -37,11 +37,11 @@ class Conn:
         self.pool.written.append(args[1])
         return {"operation_id": args[1]}
 
-    async def fetch(self, query: str, lock_timeout: str, order: list[int], *columns: list[Any]) -> list[Any]:
+    async def fetch(self, query: str, lock_timeout: str, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """A batch statement: each command its place in the batch, then its parameters (tenant, ID, ...)."""
         await self.pool.gate.wait()
-        ids = columns[1]
-        self.pool.written.extend(ids)
-        return [{"i": k, "operation_id": ids[n]} for n, k in enumerate(order)]
+        self.pool.written.extend(command[2] for command in commands)
+        return [{"i": command[0], "operation_id": command[2]} for command in commands]
 
 
 class Pool:

@@ -41,13 +41,10 @@ FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
 -- every call's tenant argument depends on it), $2 each command's index in the batch (answered as `i`);
 -- the other parameters are the single statement's, one array each, already in the lock order.
 -- name: run_claim_batch
--- Claims of one batch (run_claim's parameters, one array each).
+-- Claims of one batch: $2 the commands (run_claim's parameters, the command's place `i` first).
 SELECT b.i, c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval, c.op
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
-CROSS JOIN unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-                  $9::int[], $10::bytea[], $11::bytea[], $12::bytea[], $13::bool[], $14::text[], $15::jsonb[])
-     AS b (i, tenant, operation_id, principal, tool, tool_version, intent_digest, lease_seconds,
-           nonce_hash, token_hash, sealed_token, submit, effect_ref, approval_policy)
+CROSS JOIN unnest($2::ledger.claim_command[]) AS b
 CROSS JOIN LATERAL ledger.claim(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END, b.operation_id,
     b.principal, b.tool, b.tool_version, b.intent_digest, b.lease_seconds, b.nonce_hash, b.token_hash,
     b.sealed_token, b.submit, b.effect_ref, b.approval_policy) AS c;
@@ -56,8 +53,7 @@ CROSS JOIN LATERAL ledger.claim(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.te
 -- Submits of one batch.
 SELECT b.i, c.outcome, c.events, c.db_now, c.op
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
-CROSS JOIN unnest($2::int[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[])
-     AS b (i, tenant, operation_id, token_hash, effect_ref, lease_seconds)
+CROSS JOIN unnest($2::ledger.submit_command[]) AS b
 CROSS JOIN LATERAL ledger.submit(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END, b.operation_id,
     b.token_hash, b.effect_ref, b.lease_seconds) AS c;
 
@@ -65,8 +61,7 @@ CROSS JOIN LATERAL ledger.submit(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.t
 -- Heartbeats of one batch.
 SELECT b.i, c.outcome, c.events, c.db_now, c.op
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
-CROSS JOIN unnest($2::int[], $3::text[], $4::text[], $5::bytea[], $6::int[])
-     AS b (i, tenant, operation_id, token_hash, lease_seconds)
+CROSS JOIN unnest($2::ledger.heartbeat_command[]) AS b
 CROSS JOIN LATERAL ledger.heartbeat(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END,
     b.operation_id, b.token_hash, b.lease_seconds) AS c;
 
@@ -74,9 +69,7 @@ CROSS JOIN LATERAL ledger.heartbeat(CASE WHEN cfg.lock_timeout IS NOT NULL THEN 
 -- Completes of one batch.
 SELECT b.i, c.outcome_code AS outcome, c.events, c.db_now, c.incident_ref, c.op
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
-CROSS JOIN unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[],
-                  $9::text[], $10::jsonb[])
-     AS b (i, tenant, operation_id, actor, token_hash, outcome, receipt, reason, incident)
+CROSS JOIN unnest($2::ledger.complete_command[]) AS b
 CROSS JOIN LATERAL ledger.complete(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END,
     b.operation_id, b.actor, b.token_hash, b.outcome, b.receipt, b.reason, b.incident) AS c;
 
