@@ -538,7 +538,7 @@ BEGIN
             -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
             -- would hash them again); one INSERT for both when it submits too.
             doc := claimed_data::jsonb;
-            events := jsonb_build_array(ledger.event_json('claimed', principal, NULL, 'pending', 1, doc));
+            events := jsonb_build_array(ledger.event_json('claimed', NULL, 'pending', 1));
             IF submit THEN
                 submitted_doc := submitted_data::jsonb;
                 INSERT INTO ledger.events (
@@ -548,8 +548,7 @@ BEGIN
                         genesis, claimed_hash),
                        (tenant, operation_id, 2, now, 'submitted', principal, 'pending', 'submitted', 1,
                         submitted_doc, claimed_hash, submitted_hash);
-                events := events || ledger.event_json('submitted', principal, 'pending', 'submitted', 1,
-                                                      submitted_doc);
+                events := events || ledger.event_json('submitted', 'pending', 'submitted', 1);
             ELSE
                 INSERT INTO ledger.events (
                     tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,
@@ -753,7 +752,7 @@ BEGIN
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, cur.attempt, doc, head, digest);
-    events := events || ledger.event_json('completed', actor, status, outcome, cur.attempt, doc);
+    events := events || ledger.event_json('completed', status, outcome, cur.attempt);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
     -- routed UPDATE. The receipt and the reason as the event's data parsed them (not parsed again).
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
@@ -808,11 +807,10 @@ CREATE FUNCTION ledger.event_hash(prev_hash text, operation_id text, seq integer
         ledger.jcs_string(kind), ledger.jcs_string(operation_id), seq, ledger.jcs_string(to_status)), 'UTF8')), 'hex')
 $$;
 
-CREATE FUNCTION ledger.event_json(kind text, actor text, from_status text, to_status text, attempt integer, data jsonb) RETURNS jsonb
+CREATE FUNCTION ledger.event_json(kind text, from_status text, to_status text, attempt integer) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT jsonb_build_object('kind', kind, 'actor', actor, 'from_status', from_status, 'to_status', to_status,
-        'attempt', attempt, 'data', data)
+    SELECT jsonb_build_object('kind', kind, 'from_status', from_status, 'to_status', to_status, 'attempt', attempt)
 $$;
 
 CREATE FUNCTION ledger.expire_approvals(tenant text, batch integer) RETURNS integer
@@ -1063,8 +1061,7 @@ BEGIN
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, cur.chain_seq + 1, now, 'submitted', cur.principal, 'pending', 'submitted',
             cur.attempt, doc, cur.chain_hash, digest);
-    events := jsonb_build_array(ledger.event_json('submitted', cur.principal, 'pending', 'submitted',
-                                                  cur.attempt, doc));
+    events := jsonb_build_array(ledger.event_json('submitted', 'pending', 'submitted', cur.attempt));
     UPDATE ledger.operations AS t SET
         status = 'submitted', effect_ref = submit.effect_ref,
         lease_seconds = COALESCE(submit.lease_seconds, t.lease_seconds), lease_expires_at = lease_end,

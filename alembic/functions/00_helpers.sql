@@ -43,15 +43,16 @@ RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
         ledger.jcs_string(kind), ledger.jcs_string(operation_id), seq, ledger.jcs_string(to_status)), 'UTF8')), 'hex')
 $$;
 
--- An event as the write-path functions answer it (their `events` output): what the service reads of
--- it (db/ledger.returned_events), not the stored row's seq, at and hashes (GET .../events serves
--- those). Inlined into the caller's expression. Each key costs: building the answer was 0.24 M
--- instructions per cycle with all ten (issue 20 item 1, round 3).
-CREATE OR REPLACE FUNCTION ledger.event_json(
-    kind text, actor text, from_status text, to_status text, attempt integer, data jsonb)
+-- An event of a hot transition (claimed, submitted, completed) as the write-path functions answer it
+-- (their `events` output): what the service reads of it (db/ledger.returned_events: the metrics count
+-- events by kind and statuses, a span records the attempt), not its actor and data, nor the stored
+-- row's seq, at and hashes (GET .../events serves those). Inlined into the caller's expression. Each key
+-- costs: building the answer was 0.24 M instructions per cycle with all ten (issue 20 item 1, round 3);
+-- the completed event's data is the whole receipt, which the answer's `op` carries already (round 23).
+-- The cold transitions answer ledger.append_event's whole event (a discrepancy's `source` is counted).
+CREATE OR REPLACE FUNCTION ledger.event_json(kind text, from_status text, to_status text, attempt integer)
 RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT jsonb_build_object('kind', kind, 'actor', actor, 'from_status', from_status, 'to_status', to_status,
-        'attempt', attempt, 'data', data)
+    SELECT jsonb_build_object('kind', kind, 'from_status', from_status, 'to_status', to_status, 'attempt', attempt)
 $$;
 
 -- Append one event after the chain head (seq, prev_hash) of an operation whose row exists and is

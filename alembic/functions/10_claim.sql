@@ -116,7 +116,7 @@ BEGIN
             -- Ours: its events, hashed above, inserted here (not through ledger.append_event, which
             -- would hash them again); one INSERT for both when it submits too.
             doc := claimed_data::jsonb;
-            events := jsonb_build_array(ledger.event_json('claimed', principal, NULL, 'pending', 1, doc));
+            events := jsonb_build_array(ledger.event_json('claimed', NULL, 'pending', 1));
             IF submit THEN
                 submitted_doc := submitted_data::jsonb;
                 INSERT INTO ledger.events (
@@ -126,8 +126,7 @@ BEGIN
                         genesis, claimed_hash),
                        (tenant, operation_id, 2, now, 'submitted', principal, 'pending', 'submitted', 1,
                         submitted_doc, claimed_hash, submitted_hash);
-                events := events || ledger.event_json('submitted', principal, 'pending', 'submitted', 1,
-                                                      submitted_doc);
+                events := events || ledger.event_json('submitted', 'pending', 'submitted', 1);
             ELSE
                 INSERT INTO ledger.events (
                     tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data,

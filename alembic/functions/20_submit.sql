@@ -58,8 +58,7 @@ BEGIN
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, cur.chain_seq + 1, now, 'submitted', cur.principal, 'pending', 'submitted',
             cur.attempt, doc, cur.chain_hash, digest);
-    events := jsonb_build_array(ledger.event_json('submitted', cur.principal, 'pending', 'submitted',
-                                                  cur.attempt, doc));
+    events := jsonb_build_array(ledger.event_json('submitted', 'pending', 'submitted', cur.attempt));
     UPDATE ledger.operations AS t SET
         status = 'submitted', effect_ref = submit.effect_ref,
         lease_seconds = COALESCE(submit.lease_seconds, t.lease_seconds), lease_expires_at = lease_end,

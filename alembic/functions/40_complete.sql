@@ -128,7 +128,7 @@ BEGIN
     INSERT INTO ledger.events (
         tenant_id, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, prev_hash, hash)
     VALUES (tenant, operation_id, seq, now, 'completed', actor, status, outcome, cur.attempt, doc, head, digest);
-    events := events || ledger.event_json('completed', actor, status, outcome, cur.attempt, doc);
+    events := events || ledger.event_json('completed', status, outcome, cur.attempt);
     -- computed here, not in the UPDATE: Citus refuses non-IMMUTABLE functions inside CASE in a
     -- routed UPDATE. The receipt and the reason as the event's data parsed them (not parsed again).
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN

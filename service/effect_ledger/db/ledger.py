@@ -130,9 +130,18 @@ def operation_of(
 
 
 def returned_events(row: Mapping[str, Any]) -> tuple[EventDraft, ...]:
-    """The events a write-path function appended, as it returns them."""
+    """The events a write-path function appended, as it returns them: a hot transition's (claimed,
+    submitted, completed) without its actor and data (ledger.event_json: the service reads neither),
+    a cold one's (discrepancy, lease_expired, reclaimed) whole."""
     return tuple(
-        EventDraft(e["kind"], e["actor"], e["from_status"], e["to_status"], e["attempt"], e["data"])
+        EventDraft(
+            e["kind"],
+            e.get("actor", ""),
+            e["from_status"],
+            e["to_status"],
+            e["attempt"],
+            e.get("data") or {},
+        )
         for e in row["events"] or ()
     )
 
