@@ -658,6 +658,7 @@ DECLARE
     recorded_receipt jsonb;
     recorded_reason jsonb;
     cur record;   -- the locked row's columns that the decision and the events read
+    repeated boolean;  -- a terminal row: whether the report repeats what it records
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
@@ -675,13 +676,15 @@ BEGIN
     IF status IN ('committed', 'not_applied') THEN  -- a repeat or a conflict: the report against the row
         SELECT * INTO op FROM ledger.operations AS t
         WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
+        -- compared here, not inside the CASE below: PL/pgSQL sets up a whole expression in every
+        -- transaction that evaluates it, unreached branches too, so the hot path pays nothing for it
+        repeated := ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb);
     END IF;
     outcome_code := CASE
         WHEN cur.tenant_id IS NULL THEN 'not_found'
         WHEN cur.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
         WHEN status IN ('committed', 'not_applied') THEN
-            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
-                 ELSE 'conflicting_outcome' END
+            CASE WHEN repeated THEN 'unchanged' ELSE 'conflicting_outcome' END
         WHEN outcome = 'unknown' AND status = 'pending' THEN 'invalid_transition'
         WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> cur.attempt
             THEN 'validation_failed'  -- the diagnostics name another attempt: nothing is written
@@ -910,6 +913,7 @@ DECLARE
     e jsonb;
     recorded_receipt jsonb;
     recorded_reason jsonb;
+    repeated boolean;  -- a terminal row: whether the report repeats what it records
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
@@ -920,11 +924,13 @@ BEGIN
     now := date_trunc('milliseconds', db_now);
     status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
                    THEN 'unknown' ELSE op.status END;
+    IF status IN ('committed', 'not_applied') THEN  -- (ledger.complete says why it is not in the CASE)
+        repeated := ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb);
+    END IF;
     outcome_code := CASE
         WHEN op.tenant_id IS NULL THEN 'not_found'
         WHEN status IN ('committed', 'not_applied') THEN
-            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
-                 ELSE 'conflicting_outcome' END
+            CASE WHEN repeated THEN 'unchanged' ELSE 'conflicting_outcome' END
         WHEN status <> 'unknown' THEN 'invalid_transition'
         ELSE 'resolved'
     END;
@@ -996,9 +1002,11 @@ CREATE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt j
     AS $$
     SELECT outcome = 'unresolved' OR (outcome = o.status AND CASE
         WHEN o.receipt IS NULL AND o.not_applied_reason IS NULL THEN true  -- a tombstone
-        WHEN o.status = 'committed' THEN (
-            SELECT bool_and(COALESCE(o.receipt -> k, 'null') = COALESCE(receipt -> k, 'null'))
-            FROM unnest(ARRAY['external_ref', 'result_digest', 'result', 'observed_at']) AS k)
+        WHEN o.status = 'committed' THEN
+            COALESCE(o.receipt -> 'external_ref', 'null') = COALESCE(receipt -> 'external_ref', 'null')
+            AND COALESCE(o.receipt -> 'result_digest', 'null') = COALESCE(receipt -> 'result_digest', 'null')
+            AND COALESCE(o.receipt -> 'result', 'null') = COALESCE(receipt -> 'result', 'null')
+            AND COALESCE(o.receipt -> 'observed_at', 'null') = COALESCE(receipt -> 'observed_at', 'null')
         ELSE o.not_applied_reason IS NOT DISTINCT FROM reason
     END)
 $$;

@@ -111,13 +111,18 @@ $$;
 
 -- Whether a report repeats what a terminal operation records: `unresolved` claims no outcome; a
 -- tombstone (receipt and reason purged) agrees on its outcome alone; a receipt agrees on its content.
+-- The four content members compared one by one, with no subquery: a SQL function with one is never
+-- inlined, and PostgreSQL parses and plans its body again on every call from a PL/pgSQL expression
+-- (0.39 M instructions a repeated complete until round 23, migration 0022).
 CREATE OR REPLACE FUNCTION ledger.same_outcome(o ledger.operations, outcome text, receipt jsonb, reason jsonb)
 RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
     SELECT outcome = 'unresolved' OR (outcome = o.status AND CASE
         WHEN o.receipt IS NULL AND o.not_applied_reason IS NULL THEN true  -- a tombstone
-        WHEN o.status = 'committed' THEN (
-            SELECT bool_and(COALESCE(o.receipt -> k, 'null') = COALESCE(receipt -> k, 'null'))
-            FROM unnest(ARRAY['external_ref', 'result_digest', 'result', 'observed_at']) AS k)
+        WHEN o.status = 'committed' THEN
+            COALESCE(o.receipt -> 'external_ref', 'null') = COALESCE(receipt -> 'external_ref', 'null')
+            AND COALESCE(o.receipt -> 'result_digest', 'null') = COALESCE(receipt -> 'result_digest', 'null')
+            AND COALESCE(o.receipt -> 'result', 'null') = COALESCE(receipt -> 'result', 'null')
+            AND COALESCE(o.receipt -> 'observed_at', 'null') = COALESCE(receipt -> 'observed_at', 'null')
         ELSE o.not_applied_reason IS NOT DISTINCT FROM reason
     END)
 $$;

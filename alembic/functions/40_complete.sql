@@ -34,6 +34,7 @@ DECLARE
     recorded_receipt jsonb;
     recorded_reason jsonb;
     cur record;   -- the locked row's columns that the decision and the events read
+    repeated boolean;  -- a terminal row: whether the report repeats what it records
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
@@ -51,13 +52,15 @@ BEGIN
     IF status IN ('committed', 'not_applied') THEN  -- a repeat or a conflict: the report against the row
         SELECT * INTO op FROM ledger.operations AS t
         WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
+        -- compared here, not inside the CASE below: PL/pgSQL sets up a whole expression in every
+        -- transaction that evaluates it, unreached branches too, so the hot path pays nothing for it
+        repeated := ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb);
     END IF;
     outcome_code := CASE
         WHEN cur.tenant_id IS NULL THEN 'not_found'
         WHEN cur.claim_token_hash IS DISTINCT FROM token_hash THEN 'stale_claim'
         WHEN status IN ('committed', 'not_applied') THEN
-            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
-                 ELSE 'conflicting_outcome' END
+            CASE WHEN repeated THEN 'unchanged' ELSE 'conflicting_outcome' END
         WHEN outcome = 'unknown' AND status = 'pending' THEN 'invalid_transition'
         WHEN incident ->> 'attempt' IS NOT NULL AND (incident ->> 'attempt')::integer <> cur.attempt
             THEN 'validation_failed'  -- the diagnostics name another attempt: nothing is written

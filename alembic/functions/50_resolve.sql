@@ -21,6 +21,7 @@ DECLARE
     e jsonb;
     recorded_receipt jsonb;
     recorded_reason jsonb;
+    repeated boolean;  -- a terminal row: whether the report repeats what it records
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
@@ -31,11 +32,13 @@ BEGIN
     now := date_trunc('milliseconds', db_now);
     status := CASE WHEN op.status = 'submitted' AND NOT COALESCE(op.lease_expires_at > db_now, false)
                    THEN 'unknown' ELSE op.status END;
+    IF status IN ('committed', 'not_applied') THEN  -- (ledger.complete says why it is not in the CASE)
+        repeated := ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb);
+    END IF;
     outcome_code := CASE
         WHEN op.tenant_id IS NULL THEN 'not_found'
         WHEN status IN ('committed', 'not_applied') THEN
-            CASE WHEN ledger.same_outcome(op, outcome, receipt::jsonb, reason::jsonb) THEN 'unchanged'
-                 ELSE 'conflicting_outcome' END
+            CASE WHEN repeated THEN 'unchanged' ELSE 'conflicting_outcome' END
         WHEN status <> 'unknown' THEN 'invalid_transition'
         ELSE 'resolved'
     END;

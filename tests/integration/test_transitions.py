@@ -82,6 +82,43 @@ async def test_a_different_second_report_is_conflicting_and_recorded(
     assert events[-2]["data"]["reported_receipt"]["external_ref"] == "ext-2"
 
 
+FULL_RECEIPT = {
+    "external_ref": "ext-1",
+    "result_digest": "sha256:" + "0f" * 32,
+    "result": {"rows": [1, 2], "ok": True},
+    "observed_at": "2026-12-01T10:00:00Z",
+}
+CHANGED = {
+    "external_ref": "ext-2",
+    "result_digest": "sha256:" + "1e" * 32,
+    "result": {"rows": [1, 2], "ok": False},
+    "observed_at": "2026-12-01T10:00:01Z",
+}
+
+
+@pytest.mark.parametrize("member", sorted(CHANGED))
+async def test_a_repeated_report_is_compared_member_by_member(client: httpx.AsyncClient, member: str) -> None:
+    """ledger.same_outcome: the same receipt again is `unchanged` (200, the same view), one content
+    member changed is a conflicting outcome (each compared alone since migration 0022), and a
+    member left out where the first had it changes it too."""
+    op = f"op-same-{member}"
+    tok = await granted(client, op)
+    first = await post(
+        client, op, "complete", {"token": tok, "outcome": "committed", "receipt": FULL_RECEIPT}
+    )
+    assert first.status_code == 200, first.text
+    again = await post(
+        client, op, "complete", {"token": tok, "outcome": "committed", "receipt": FULL_RECEIPT}
+    )
+    assert again.status_code == 200 and again.json() == first.json()
+    changed = {**FULL_RECEIPT, member: CHANGED[member]}
+    r = await post(client, op, "complete", {"token": tok, "outcome": "committed", "receipt": changed})
+    assert r.status_code == 409 and r.json()["code"] == "conflicting_outcome"
+    left_out = {k: v for k, v in FULL_RECEIPT.items() if k != member}
+    r = await post(client, op, "complete", {"token": tok, "outcome": "committed", "receipt": left_out})
+    assert r.status_code == 409 and r.json()["code"] == "conflicting_outcome"
+
+
 async def test_outcome_rules(client: httpx.AsyncClient) -> None:
     tok = await granted(client, "op-rules")
     r = await post(client, "op-rules", "complete", {"token": tok, "outcome": "unknown"})
