@@ -38,8 +38,9 @@ FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
 
 -- The batch forms (db/batching.py: natural batching): the same function once per command, in one
 -- statement and one commit. $1 is the batch's own lock_timeout (set by the statement before any call:
--- every call's tenant argument depends on it), $2 each command's index in the batch (answered as `i`);
--- the other parameters are the single statement's, one array each, already in the lock order.
+-- every call's tenant argument depends on it), $2 the commands in the lock order, one array of the
+-- function's command type (migration 0020): each command's index in the batch (answered as `i`), then
+-- the single statement's parameters.
 -- name: run_claim_batch
 -- Claims of one batch: $2 the commands (run_claim's parameters, the command's place `i` first).
 SELECT b.i, c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval, c.op
