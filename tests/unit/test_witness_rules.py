@@ -128,3 +128,22 @@ def test_the_witness_records_durably_before_it_cosigns(
     # a refusal writes nothing
     status, _, _ = state.add_checkpoint(body(3, 9), LOGS, WITNESS)
     assert status == 409 and seen == ["file", "dir"]
+
+
+def test_only_cosignatures_that_verify_are_served_and_named() -> None:
+    """db.receipt_log.witnessed: of the lines kept for a checkpoint, the ones that verify against a
+    configured witness's key, and those witnesses' names (what the checkpoint, proofs and the console's
+    overview show); a line in a configured witness's name with a signature no key made, and a line of a
+    witness no longer configured, are left out."""
+    from effect_ledger.db.receipt_log import Witness, Witnesses, witnessed
+    from effect_ledger.domain.note import Signature, cosign
+
+    text = Checkpoint(LOG.name, 7, tree_root(7, read)).text
+    note = sign_note(text, LOG)
+    other = Signer("witness.example/w2", bytes(range(2, 34)), ALG_COSIGNATURE_V1)
+    real = cosign(text, WITNESS, 1_700_000_000).line
+    forged = Signature(WITNESS.name, WITNESS.verifier.key_id, bytes(72)).line
+    unconfigured = cosign(text, other, 1_700_000_000).line
+    config = Witnesses([Witness("http://w1", WITNESS.verifier.vkey, WITNESS.verifier)], quorum=1)
+    assert witnessed(note, forged + real + unconfigured, config) == (real, (WITNESS.name,))
+    assert witnessed(note, forged + unconfigured, config) == ("", ())

@@ -649,7 +649,8 @@ def not_yet_logged(retry_after: int, cosigned: bool = False) -> LedgerError:
 class CheckpointView:
     size: int
     root: bytes
-    note: str  # the log's signed note with every collected cosignature line
+    note: str  # the log's signed note with the collected cosignature lines that verify
+    cosigned_by: tuple[str, ...]  # the configured witnesses those lines are from
 
 
 async def latest_checkpoint(ledger: Ledger, tenant: str, witnesses: Witnesses) -> CheckpointView | None:
@@ -658,8 +659,8 @@ async def latest_checkpoint(ledger: Ledger, tenant: str, witnesses: Witnesses) -
         row = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
     if row is None:
         return None
-    cosignatures, _ = witnessed(row["note"], row["cosignatures"] or "", witnesses)
-    return CheckpointView(int(row["size"]), bytes(row["root"]), row["note"] + cosignatures)
+    cosignatures, names = witnessed(row["note"], row["cosignatures"] or "", witnesses)
+    return CheckpointView(int(row["size"]), bytes(row["root"]), row["note"] + cosignatures, names)
 
 
 async def read_tile(ledger: Ledger, tenant: str, ref: TileRef) -> bytes | None:
@@ -684,14 +685,14 @@ async def read_tile(ledger: Ledger, tenant: str, ref: TileRef) -> bytes | None:
 COSIGNED_LOOKBACK = 64
 
 
-def witnessed(note: str, lines: str, witnesses: Witnesses) -> tuple[str, int]:
+def witnessed(note: str, lines: str, witnesses: Witnesses) -> tuple[str, tuple[str, ...]]:
     """Of the cosignature lines kept for a checkpoint's `note`, those that verify against a configured
-    witness's key (one a witness), and how many witnesses they are. A line that does not verify (written
+    witness's key (one a witness), and those witnesses' names. A line that does not verify (written
     into the database by hand, or by a witness no longer configured) is never served: a verifier that
     knows the key name rejects a note with a bad signature of that key (golang.org/x/mod/sumdb/note's
     Open does), so one such line would make the whole checkpoint unverifiable."""
-    kept = [found[0] for w in witnesses.items if (found := _cosignatures(note, lines, w.key))]
-    return "".join(kept), len(kept)
+    kept = [(w.name, found[0]) for w in witnesses.items if (found := _cosignatures(note, lines, w.key))]
+    return "".join(line for _, line in kept), tuple(name for name, _ in kept)
 
 
 async def proof_of(
@@ -712,8 +713,8 @@ async def proof_of(
         covering = await conn.fetch(sql("log_checkpoints_covering"), tenant, position, COSIGNED_LOOKBACK)
         row, cosignatures = None, ""
         for candidate in covering:
-            cosignatures, count = witnessed(candidate["note"], candidate["cosignatures"] or "", witnesses)
-            if count >= witnesses.quorum:
+            cosignatures, names = witnessed(candidate["note"], candidate["cosignatures"] or "", witnesses)
+            if len(names) >= witnesses.quorum:
                 row = candidate
                 break
         if row is None:  # in no checkpoint yet, or in none the quorum cosigned yet

@@ -16,7 +16,7 @@ from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import background_maintenance, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import open_when_reachable
-from effect_ledger.db.receipt_log import LogGuard, background_log
+from effect_ledger.db.receipt_log import LogGuard, background_log, witness_config
 from effect_ledger.domain.approvals import parse_policy
 from effect_ledger.http.approvals import ApprovalsController
 from effect_ledger.http.audit import AuditController
@@ -163,6 +163,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.settings = settings
     app.state.log_guard = log_guard
     app.state.log_signer = signer_from_settings(settings) if settings.log_enabled else None
+    app.state.log_witnesses = witness_config(settings)  # parsed once: a bad LOG_WITNESSES stops start-up
 
     app.state.approval_policy = parse_policy(settings.approval_policy)
     app.state.journal_state_keys = load_key_ring(settings)

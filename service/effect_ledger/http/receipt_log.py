@@ -29,6 +29,12 @@ def _settings(request: Request[Any, Any, Any]) -> Any:
     return request.app.state.settings
 
 
+def _witnesses(request: Request[Any, Any, Any]) -> repo.Witnesses:
+    """LOG_WITNESSES and LOG_WITNESS_QUORUM, parsed once when the app was built (http.app)."""
+    witnesses: repo.Witnesses = request.app.state.log_witnesses
+    return witnesses
+
+
 class LogController(Controller):
     """The tenant's Merkle log of committed receipts, as the C2SP formats lay it out."""
 
@@ -39,8 +45,9 @@ class LogController(Controller):
     async def checkpoint(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """The latest signed checkpoint (a signed note) with every witness cosignature collected for it."""
         QueryProblems(request, ()).check()
-        witnesses = repo.witness_config(_settings(request))
-        latest = await repo.latest_checkpoint(audit_ledger_of(request), caller_of(request).tenant, witnesses)
+        latest = await repo.latest_checkpoint(
+            audit_ledger_of(request), caller_of(request).tenant, _witnesses(request)
+        )
         if latest is None:
             raise not_found("checkpoint")
         return Response(latest.note, media_type=TEXT, headers={"Cache-Control": SHORT})
@@ -55,7 +62,7 @@ class LogController(Controller):
         if signer is None:  # LOG_ENABLED=false: this service keeps no log, so it has no key to show
             raise not_found("log key")
         vkey = await signer.vkey(origin)
-        witnesses = repo.witness_config(settings)
+        witnesses = _witnesses(request)
         return Response(
             {
                 "origin": origin,
@@ -91,11 +98,9 @@ class LogController(Controller):
         if not operation_id:
             raise validation_failed([("operation_id", "is required")])
         check_operation_id(operation_id)
-        settings = _settings(request)
-        retry = settings.log_checkpoint_seconds + 1
+        retry = _settings(request).log_checkpoint_seconds + 1
         tenant = caller_of(request).tenant
-        witnesses = repo.witness_config(settings)
-        text = await repo.proof_of(audit_ledger_of(request), tenant, operation_id, retry, witnesses)
+        text = await repo.proof_of(audit_ledger_of(request), tenant, operation_id, retry, _witnesses(request))
         return Response(text, media_type=TEXT, headers={"Cache-Control": SHORT})
 
     @get("/consistency", guards=[requires(AUDIT)], media_type=TEXT)

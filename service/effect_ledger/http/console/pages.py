@@ -101,7 +101,7 @@ async def log_facts(
         return None
     settings = request.app.state.settings
     tenant = session.caller.tenant
-    config = receipt_log.witness_config(settings)
+    config: receipt_log.Witnesses = request.app.state.log_witnesses
     try:
         text = await receipt_log.proof_of(audit_ledger_of(request), tenant, op.operation_id, 1, config)
     except LedgerError as error:
@@ -124,9 +124,9 @@ async def log_overview(request: Request[Any, Any, Any], session: ConsoleSession)
     if not holds(session, AUDIT) or request.app.state.log_signer is None:
         return None
     settings = request.app.state.settings
-    config = receipt_log.witness_config(settings)
+    config: receipt_log.Witnesses = request.app.state.log_witnesses
     latest = await receipt_log.latest_checkpoint(audit_ledger_of(request), session.caller.tenant, config)
-    cosigned = [w.name for w in config.items if latest is not None and f"\u2014 {w.name} " in latest.note]
+    cosigned = [] if latest is None else list(latest.cosigned_by)
     return {
         "origin": origin_of(settings.log_origin, session.caller.tenant),
         "size": None if latest is None else latest.size,
