@@ -8,6 +8,7 @@ follow from that line.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
@@ -28,6 +29,30 @@ def read_token(path: str | Path) -> str:
     if len(token) < MIN_TOKEN_CHARS:
         raise ValueError(f"the token in {path} is shorter than {MIN_TOKEN_CHARS} characters")
     return token
+
+
+def _witness_problem(witnesses: str, quorum: int) -> str | None:
+    """Why LOG_WITNESSES (with LOG_WITNESS_QUORUM) cannot be used, or None: a JSON list of {"url": str,
+    "vkey": a signed-note verifier key}, and a quorum no larger than the witnesses (a larger one could
+    never be met: no checkpoint would ever count as cosigned, and no proof would ever be served)."""
+    from effect_ledger.domain.note import NoteError, parse_vkey
+
+    try:
+        configured = json.loads(witnesses or "[]")
+        if not isinstance(configured, list) or not all(
+            isinstance(w, dict) and isinstance(w.get("url"), str) and isinstance(w.get("vkey"), str)
+            for w in configured
+        ):
+            return f'{PREFIX}LOG_WITNESSES: must be a JSON list of {{"url": …, "vkey": …}}'
+        for w in configured:
+            parse_vkey(w["vkey"])
+    except (ValueError, NoteError) as bad:  # json's errors are ValueErrors
+        return f"{PREFIX}LOG_WITNESSES: {bad}"
+    if quorum > len(configured):
+        return (
+            f"{PREFIX}LOG_WITNESS_QUORUM ({quorum}) is more than the {len(configured)} witnesses configured"
+        )
+    return None
 
 
 class SettingsError(ValueError):
@@ -370,6 +395,9 @@ class Settings:
                 parse_policy(self.approval_policy)
             except PolicyError as bad:
                 raise SettingsError([f"{PREFIX}APPROVAL_POLICY: {bad}"]) from None
+        witnesses = _witness_problem(self.log_witnesses, self.log_witness_quorum)
+        if witnesses is not None:
+            raise SettingsError([witnesses])
         if self.log_signer_token_file is not None:
             try:
                 read_token(self.log_signer_token_file)

@@ -101,3 +101,28 @@ def test_library_code_raises_no_system_exit() -> None:
         if path.name != "cli.py" and re.search(r"raise SystemExit|sys\.exit\(", path.read_text()):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_witnesses_the_log_could_not_use_are_refused_with_the_reason() -> None:
+    """LOG_WITNESSES is checked with the other settings, so serve refuses to start and says why,
+    instead of failing when the log first reads it; a quorum above the witnesses (which no checkpoint
+    could ever meet, so no proof would ever be served) is refused too."""
+    from effect_ledger.domain.note import ALG_COSIGNATURE_V1, Signer
+
+    vkey = Signer("witness.example/w1", bytes(range(32)), ALG_COSIGNATURE_V1).verifier.vkey
+    good = f'[{{"url": "http://w1", "vkey": "{vkey}"}}]'
+    assert Settings(log_witnesses=good, log_witness_quorum=1).log_witnesses == good
+    refused = {
+        "not json": ({"log_witnesses": "w1"}, "EFFECT_LEDGER_LOG_WITNESSES: Expecting value"),
+        "no list": ({"log_witnesses": '{"url": "u"}'}, "must be a JSON list"),
+        "no vkey": ({"log_witnesses": '[{"url": "u"}]'}, "must be a JSON list"),
+        "bad vkey": ({"log_witnesses": '[{"url": "u", "vkey": "w1+00"}]'}, "a vkey has three parts"),
+        "quorum": (
+            {"log_witnesses": good, "log_witness_quorum": 2},
+            "EFFECT_LEDGER_LOG_WITNESS_QUORUM (2) is more than the 1 witnesses configured",
+        ),
+    }
+    for what, (values, why) in refused.items():
+        with pytest.raises(SettingsError) as raised:
+            Settings(**values)
+        assert why in str(raised.value), what

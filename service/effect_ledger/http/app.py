@@ -163,7 +163,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
     app.state.settings = settings
     app.state.log_guard = log_guard
     app.state.log_signer = signer_from_settings(settings) if settings.log_enabled else None
-    app.state.log_witnesses = witness_config(settings)  # parsed once: a bad LOG_WITNESSES stops start-up
+    app.state.log_witnesses = witness_config(settings)  # parsed once (Settings checked it)
 
     app.state.approval_policy = parse_policy(settings.approval_policy)
     app.state.journal_state_keys = load_key_ring(settings)
