@@ -447,7 +447,8 @@ CREATE TABLE ledger.operations (
     purged_at timestamp with time zone,
     purged_seq ledger.chain_seq,
     purged_hash text,
-    receipt_digest ledger.sha256_digest
+    receipt_digest ledger.sha256_digest,
+    commit_hash text
 );
 
 ALTER TABLE ONLY ledger.operations FORCE ROW LEVEL SECURITY;
@@ -766,7 +767,10 @@ BEGIN
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
-        chain_seq = seq, chain_hash = digest
+        chain_seq = seq, chain_hash = digest,
+        -- the receipt's leaf records this event's hash (API.md section 14), whatever a later
+        -- discrepancy appends to the chain (migration 0023)
+        commit_hash = CASE WHEN complete.outcome = 'committed' THEN digest END
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     RETURNING * INTO op;
     -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the
@@ -986,7 +990,8 @@ BEGIN
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
-        chain_seq = seq, chain_hash = e ->> 'hash'
+        chain_seq = seq, chain_hash = e ->> 'hash',
+        commit_hash = CASE WHEN resolve.outcome = 'committed' THEN e ->> 'hash' END  -- as ledger.complete's
     WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
     RETURNING * INTO op;
     -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the

@@ -142,7 +142,10 @@ BEGIN
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
-        chain_seq = seq, chain_hash = digest
+        chain_seq = seq, chain_hash = digest,
+        -- the receipt's leaf records this event's hash (API.md section 14), whatever a later
+        -- discrepancy appends to the chain (migration 0023)
+        commit_hash = CASE WHEN complete.outcome = 'committed' THEN digest END
     WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
     RETURNING * INTO op;
     -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the

@@ -94,7 +94,8 @@ BEGIN
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
         lease_expires_at = NULL, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
-        chain_seq = seq, chain_hash = e ->> 'hash'
+        chain_seq = seq, chain_hash = e ->> 'hash',
+        commit_hash = CASE WHEN resolve.outcome = 'committed' THEN e ->> 'hash' END  -- as ledger.complete's
     WHERE t.tenant_id = resolve.tenant AND t.operation_id = resolve.operation_id
     RETURNING * INTO op;
     -- A commit waits for its feed position in ledger.feed_pending (migration 0019): a narrow row the

@@ -74,6 +74,14 @@ async def test_recovery_places_every_logged_receipt_at_its_position_and_queues_t
             ("c", "committed", True),
             ("d", "committed", False),
         ]
+        # a tombstone keeps its leaf's chain hash as its commit's (migration 0023): the checkpointer
+        # compares the leaf with it; c's own chain (pending, never committed here) names another head
+        kept = await conn.fetch(
+            "SELECT operation_id, commit_hash, chain_hash FROM ledger.operations"
+            " WHERE operation_id IN ('b', 'c') ORDER BY 1"
+        )
+        assert [(r["operation_id"], r["commit_hash"]) for r in kept] == [("b", "2" * 64), ("c", "3" * 64)]
+        assert kept[1]["chain_hash"] != "3" * 64
         async with conn.transaction():
             await conn.fetchrow(sql("tenant_context"), "t1")
             last = await conn.fetchval(sql("feed_lock"), "t1")

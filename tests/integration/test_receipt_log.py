@@ -25,7 +25,7 @@ from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
-from support.ledger import AUDITOR, committed, get, owner, wait_for_size
+from support.ledger import AUDITOR, CLAIM, RECEIPT, committed, get, owner, wait_for_size
 from support.receipt_log import log_settings
 from support.server import Service
 from support.waiting import until
@@ -467,3 +467,86 @@ async def test_a_receipt_purged_while_its_batch_is_checked_waits_for_the_next_pa
         assert logged == {r["operation_id"]: r["receipt_digest"] for r in kept} and len(logged) == 3
     finally:
         await conn.close()
+
+
+async def test_a_conflicting_report_recorded_before_the_receipt_is_logged_is_no_edit(
+    settings: Settings, db_url: str
+) -> None:
+    """A retried complete with another receipt, answered 409 conflicting_outcome, appends a
+    `discrepancy` event (committed -> committed) after the receipt's `completed` event. The receipt
+    is still the one the chain recorded: it is logged, with no `receipt_mismatch` refusal. Until round
+    24 the integrator took the last event *into* committed as the recording one, found no receipt in
+    the discrepancy's data, and refused the tenant's log on every pass from then on."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+    from support.ledger import call, claim
+
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        await committed(client, "op-0")
+        r = await claim(client, "op-1", {**CLAIM})
+        token = r.json()["claim"]["token"]
+        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+        assert (await call(client, "op-1", "complete", done)).status_code == 200
+        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
+        r = await call(client, "op-1", "complete", other)
+        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
+        await committed(client, "op-2")
+    refused: list[str] = []
+    conn = await owner_connection(settings)
+    try:
+        kinds = await conn.fetch(
+            "SELECT kind, to_status FROM ledger.events WHERE tenant_id = 't1' AND operation_id = 'op-1'"
+            " ORDER BY seq"
+        )
+        assert [tuple(k) for k in kinds][-2:] == [("completed", "committed"), ("discrepancy", "committed")]
+        appended = await receipt_log.integrate_tenant(
+            conn, "t1", 50, lambda reason, _: refused.append(reason)
+        )
+        assert (appended, refused) == (3, [])
+        bundle = await conn.fetchval(
+            "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1"
+        )
+        leaf = json.loads(tiles.decode_bundle(bundle)[1])
+        hashes = await conn.fetch(
+            "SELECT hash FROM ledger.events WHERE tenant_id = 't1' AND operation_id = 'op-1' ORDER BY seq"
+        )
+        assert (
+            leaf["operation_id"] == "op-1" and leaf["chain_hash"] == hashes[-2]["hash"] != hashes[-1]["hash"]
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_conflicting_report_after_the_receipt_is_logged_keeps_the_log_signing(
+    logged: Service,
+) -> None:
+    """A `discrepancy` event appended to a logged receipt's chain moves the operation's chain head, not
+    what its leaf records: the leaf's chain_hash is the hash of the event that committed it (API.md
+    section 14: "the operation's last event hash at commit"). The checkpointer's audit compares the
+    leaf with that, so the next checkpoint is signed and the proof still verifies. Until round 24 the
+    audit compared it with the row's current head, found a mismatch, and the tenant's log stayed
+    unsigned from then on."""
+    from support.ledger import call, claim
+
+    async with logged.client() as client:
+        await committed(client, "op-0")
+        r = await claim(client, "op-1", {**CLAIM})
+        token = r.json()["claim"]["token"]
+        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+        assert (await call(client, "op-1", "complete", done)).status_code == 200
+        await wait_for_size(client, 2)
+        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
+        r = await call(client, "op-1", "complete", other)
+        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
+        await committed(client, "op-2")
+        await wait_for_size(client, 3)
+        key = (await get(client, "/v1/log/key", **AUDITOR)).json()
+        events = (await get(client, "/v1/operations/op-1/events", **AUDITOR)).json()["items"]
+        assert [e["kind"] for e in events][-2:] == ["completed", "discrepancy"]
+        r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
+        assert r.status_code == 200, r.text
+        view = (await get(client, "/v1/operations/op-1", **AUDITOR)).json()
+        verified = verify_proof(r.text, key["vkey"], receipt=view["receipt"])
+        assert (verified.index, verified.size) == (1, 3)
+        leaf = json.loads(base64.b64decode(r.text.split("\n")[1].split(" ", 1)[1]))
+        assert leaf["chain_hash"] == events[-2]["hash"] != events[-1]["hash"]

@@ -230,10 +230,14 @@ async def test_log_recovers_tombstone_writes_its_purge_point_whole(
     await pending(client, "proven-1")
     async with owner(db_url) as conn:
         await conn.execute(
-            sql("log_make_tombstone"), "t1", "proven-1", "sha256:" + "0" * 64, 7, datetime.now(UTC)
+            sql("log_make_tombstone"), "t1", "proven-1", "sha256:" + "0" * 64, 7, datetime.now(UTC), "c" * 64
+        )
+        commit_hash = await conn.fetchval(
+            "SELECT commit_hash FROM ledger.operations WHERE operation_id = 'proven-1'"
         )
         proven = await conn.fetchrow(
             PURGE_POINTS.replace(" ORDER BY", " WHERE operation_id = 'proven-1' ORDER BY")
         )
     assert proven is not None and proven["status"] == "committed"
     assert (proven["purged_seq"], proven["purged_hash"]) == (proven["chain_seq"], proven["chain_hash"])
+    assert commit_hash == "c" * 64  # the proven leaf's chain hash (migration 0023)

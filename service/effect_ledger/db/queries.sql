@@ -691,12 +691,14 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 -- The next committed receipts in feed order after the log's size (ledger.feed's primary key, each
 -- operation probed by its own, as list_receipts); a tombstone keeps its position and its receipt
 -- digest, so its leaf is built all the same. purged_seq: log_batch_chains reads the rows again, in a
--- later snapshot, and a purge in between is told from an edit by it.
+-- later snapshot, and a purge in between is told from an edit by it. commit_hash: the leaf's
+-- chain_hash, the hash of the event that committed it (0023; the chain head for a row without one).
 SELECT o.*, f.feed_position
 FROM ledger.feed AS f
 CROSS JOIN LATERAL (
     SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
-           o.receipt_digest, o.chain_hash, o.resolved_at, o.purged_seq
+           o.receipt_digest, COALESCE(o.commit_hash, o.chain_hash) AS commit_hash, o.resolved_at,
+           o.purged_seq
     FROM ledger.operations AS o
     WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id AND o.status = 'committed'
     OFFSET 0
@@ -777,14 +779,14 @@ SELECT tenant_id, kind, signed_size, db_size, decided_at FROM ledger.log_decisio
 -- name: log_restore_tombstone
 -- log-recover: re-create a committed tombstone for a logged receipt the database lost, at the feed
 -- position the signed log gave it; an ID that exists again is left alone. Its chain starts at the
--- logged chain head.
+-- logged chain head, which is also its commit's hash.
 WITH restored AS (
     INSERT INTO ledger.operations (
         tenant_id, operation_id, principal, tool, tool_version, intent_digest, status, attempt,
         claim_token_hash, lease_seconds, created_at, updated_at, resolved_at, resolved_by,
-        chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest)
+        chain_seq, chain_hash, purged_at, purged_seq, purged_hash, receipt_digest, commit_hash)
     VALUES ($1, $2, $3, $4, $5, $6, 'committed', $7, '\x00'::bytea, 1, $8, clock_timestamp(), $8,
-            'log-recover', 0, $9, clock_timestamp(), 0, $9, $10)
+            'log-recover', 0, $9, clock_timestamp(), 0, $9, $10, $9)
     ON CONFLICT (tenant_id, operation_id) DO NOTHING
     RETURNING operation_id
 ), placed AS (
@@ -804,7 +806,7 @@ SELECT operation_id FROM restored;
 SELECT o.*
 FROM (SELECT DISTINCT unnest($2::text[])) AS k(operation_id)
 CROSS JOIN LATERAL (
-    SELECT o.operation_id, o.receipt, o.receipt_digest, o.chain_hash
+    SELECT o.operation_id, o.receipt, o.receipt_digest, COALESCE(o.commit_hash, o.chain_hash) AS commit_hash
     FROM ledger.operations AS o
     WHERE o.tenant_id = $1 AND o.operation_id = k.operation_id AND o.status = 'committed'
     OFFSET 0
@@ -854,12 +856,12 @@ ON CONFLICT (tenant_id, operation_id) DO UPDATE SET feed_position = EXCLUDED.fee
 
 -- name: log_make_tombstone
 -- log-recover: an operation the database has as not committed, whose commit the signed log proves:
--- it becomes the committed tombstone of that commit (its receipt digest kept), never executable again.
--- statement_timestamp() for Citus, as log_advance.
+-- it becomes the committed tombstone of that commit (its receipt digest and its leaf's chain hash, $6,
+-- kept), never executable again. statement_timestamp() for Citus, as log_advance.
 WITH made AS (
     UPDATE ledger.operations
     SET status = 'committed', receipt = NULL, not_applied_reason = NULL, lease_expires_at = NULL,
-        receipt_digest = $3, resolved_at = $5, resolved_by = 'log-recover',
+        receipt_digest = $3, commit_hash = $6, resolved_at = $5, resolved_by = 'log-recover',
         updated_at = statement_timestamp(), purged_at = statement_timestamp(), purged_seq = chain_seq,
         purged_hash = chain_hash
     WHERE tenant_id = $1 AND operation_id = $2

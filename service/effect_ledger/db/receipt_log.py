@@ -189,7 +189,7 @@ def _facts(tenant: str, row: Mapping[str, Any]) -> LeafFacts:
         intent_digest=row["intent_digest"],
         attempt=row["attempt"],
         receipt_digest=digest or "",
-        chain_hash=row["chain_hash"],
+        chain_hash=row["commit_hash"],
         committed_at=row["resolved_at"],
     )
 
@@ -252,11 +252,12 @@ class _Verdicts:
 async def _intact_receipts(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
 ) -> _Verdicts:
-    """The operations of a batch whose hash chain recomputes and ends at the row's chain head (the
-    hash the leaf records), and whose stored receipt is the one the chain recorded (the committing
-    event's receipt, by its actor). A tombstone has no events left to compare: its kept digest is
-    taken as it is. A receipt the purge turned into a tombstone after the batch read it is neither
-    (the next pass reads the tombstone). One slice of operations at a time."""
+    """The operations of a batch whose hash chain recomputes and ends at the row's chain head, and
+    whose stored receipt is the one the chain recorded: the committing event's receipt, by its actor,
+    that event's hash the row's commit_hash (the hash the leaf records; a later `discrepancy` event
+    moves the head, not the commit). A tombstone has no events left to compare: its kept digest and
+    commit hash are taken as they are. A receipt the purge turned into a tombstone after the batch
+    read it is neither (the next pass reads the tombstone). One slice of operations at a time."""
     checked = _Verdicts()
     for part in _slices(rows):
         await _intact_slice(conn, tenant, part, checked)
@@ -285,7 +286,13 @@ async def _intact_slice(
             continue  # half purged, its body kept, is checked as it is on the next pass, and refused)
         if not chain or not chain_verdict(chain).ok:
             continue
-        events = [e for e in chain if e["seq"] is not None and e["to_status"] == "committed"]
+        # the event that recorded the receipt: the last one *into* committed (a `discrepancy` event,
+        # committed -> committed, records a conflicting report after it, and carries no receipt)
+        events = [
+            e
+            for e in chain
+            if e["seq"] is not None and e["to_status"] == "committed" and e["from_status"] != "committed"
+        ]
         if not events:
             continue
         recorded = (events[-1]["data"] or {}).get("receipt") or {}
@@ -293,6 +300,7 @@ async def _intact_slice(
         if (
             all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
             and stored.get("recorded_by") == events[-1]["actor"]
+            and events[-1]["hash"] == row["commit_hash"]  # the hash the leaf records
         ):
             intact.add(row["operation_id"])
 
@@ -456,7 +464,7 @@ async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, ne
                 if _may_have_expired(leaf):
                     continue  # an expired tombstone: nothing left to compare
                 return "receipt_missing"
-            if leaf.receipt_digest != (_digest_of(row) or "") or leaf.chain_hash != row["chain_hash"]:
+            if leaf.receipt_digest != (_digest_of(row) or "") or leaf.chain_hash != row["commit_hash"]:
                 return "receipt_mismatch"
         await asyncio.sleep(0)
     return None
@@ -1132,7 +1140,13 @@ async def recover_tenant(
                 counts["tombstones"] += 1
             elif existing["status"] != "committed":
                 await conn.execute(
-                    sql("log_make_tombstone"), tenant, op_id, leaf["receipt_digest"], position, committed_at
+                    sql("log_make_tombstone"),
+                    tenant,
+                    op_id,
+                    leaf["receipt_digest"],
+                    position,
+                    committed_at,
+                    leaf["chain_hash"],
                 )
                 counts["overwritten"] += 1
             elif existing["feed_position"] != position:
