@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from support.auth import auth
-from support.ledger import pending
+from support.ledger import AUDITOR, EVIDENCE, REASON, RECEIPT, call, get, pending, resolve
 
 ROUTES = [
     "/v1/operations/op-b/claim",
@@ -84,3 +84,32 @@ async def test_heartbeat_lease_seconds_is_optional(client: httpx.AsyncClient) ->
         "/v1/operations/op-hb/heartbeat", json={"token": token, "lease_seconds": 5}, headers=auth()
     )
     assert r.status_code == 200
+
+
+EDGE = "9999-12-31T23:59:59-14:00"  # RFC 3339, but 10000-01-01T13:59:59Z: past Python's last year
+
+
+async def test_a_timestamp_past_the_calendar_in_utc_is_422_not_500(client: httpx.AsyncClient) -> None:
+    """A receipt's observed_at, a resolution's evidence.checked_at and a list's since: each a 422
+    naming the field (each was a 500 `internal` with an incident until round 24), and nothing written."""
+    token = await pending(client, "op-edge")
+    receipt = {**RECEIPT, "observed_at": EDGE}
+    r = await call(
+        client, "op-edge", "complete", {"token": token, "outcome": "committed", "receipt": receipt}
+    )
+    assert (r.status_code, r.json()["code"]) == (422, "validation_failed"), r.text
+    assert r.json()["errors"] == [
+        {"field": "receipt.observed_at", "problem": "must be an RFC 3339 timestamp"}
+    ]
+    assert (await get(client, "/v1/operations/op-edge")).json()["status"] == "pending"
+    await call(client, "op-edge", "submit", {"token": token})
+    await call(client, "op-edge", "complete", {"token": token, "outcome": "unknown"})
+    r = await resolve(
+        client, "op-edge", "not_applied", reason=REASON, evidence={**EVIDENCE, "checked_at": EDGE}
+    )
+    assert (r.status_code, r.json()["code"]) == (422, "validation_failed"), r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["evidence.checked_at"]
+    assert (await get(client, "/v1/operations/op-edge")).json()["status"] == "unknown"
+    r = await get(client, "/v1/receipts", {"since": EDGE}, **AUDITOR)
+    assert (r.status_code, r.json()["code"]) == (422, "validation_failed"), r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["since"]

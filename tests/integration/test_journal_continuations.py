@@ -209,11 +209,13 @@ async def test_append_rules_for_continuations(client: httpx.AsyncClient) -> None
         {"payload": "not base64!"},
         {"payload": base64.b64encode(b"x" * (64 * 1024 + 1)).decode()},
         {"expires_at": "tomorrow"},
+        {"expires_at": "9999-12-31T23:59:59-14:00"},  # RFC 3339, but year 10000 in UTC (a 500 until round 24)
+        {"expires_at": "0001-01-01T00:00:00+14:00"},  # and year 0
         {"classification": "public"},
         {"extra": 1},
     ):
         r = await append(client, sid, 6, [continuation(2, **bad)])
-        assert r.status_code == 422, bad
+        assert (r.status_code, r.json()["code"]) == (422, "validation_failed"), bad
     # the payload does not count against JOURNAL_MAX_RECORD_BYTES (16 KiB): 60 KiB of state is fine
     big = base64.b64encode(secrets.token_bytes(60 * 1024)).decode()
     assert (await append(client, sid, 6, [continuation(2, payload=big)])).status_code == 200

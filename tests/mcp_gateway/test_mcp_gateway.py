@@ -423,3 +423,23 @@ async def test_a_reconciled_unknown_call_is_answered_from_the_resolution(
         await gw.call("up__slow", {"seconds": 3, "label": "b"})
         assert [run["arguments"]["label"] for run in gw.executions("slow")] == ["a", "b", "b"]
         assert (await view(ledger, gw.tenant, refused_id))["attempt"] == 2
+
+
+async def test_a_result_holding_u0000_is_committed_with_its_digest_only(
+    tmp_path: Path, mcp_ledger: Service, ledger: httpx.AsyncClient
+) -> None:
+    """U+0000 is valid JSON that PostgreSQL's jsonb cannot hold: the receipt keeps the result's digest
+    only, as one over 16 KiB does, and the call is committed. Until round 24 the ledger refused the
+    receipt (422), the call stayed submitted and then became unknown, although the gateway had its
+    result; a repeat answered operation_in_progress."""
+    async with gateway_client(tmp_path, mcp_ledger.base_url) as gw:
+        first = await gw.call("up__lookup", {"query": "a\u0000b"})
+        assert first.is_error is False and op_of(first)["status"] == "committed"
+        stored = await view(ledger, gw.tenant, op_of(first)["operation_id"])
+        assert stored["status"] == "committed" and stored["receipt"]["result"] is None
+        assert stored["receipt"]["result_digest"].startswith("sha256:")
+        second = await gw.call("up__lookup", {"query": "a\u0000b"})
+        assert second.meta is not None and second.meta[REPLAYED_META] is True
+        assert second.structured_content is not None
+        assert second.structured_content["code"] == "committed_result_not_stored"
+        assert len(gw.executions("lookup")) == 1

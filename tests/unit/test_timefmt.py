@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from effect_ledger import logs
-from effect_ledger.domain.timefmt import format_ts
+from effect_ledger.domain.timefmt import format_ts, parse_ts
 
 OFFSETS = st.sampled_from([UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-9, minutes=-30))])
 
@@ -60,3 +60,18 @@ def test_the_summary_timestamp_follows_the_clock_across_seconds(monkeypatch: pyt
         second, rest = divmod(ns, 1_000_000_000)
         expected = datetime.fromtimestamp(second, UTC).replace(microsecond=rest // 1000).isoformat()
         assert stamp.now() == expected.replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(
+    "text", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "2026-12-01T10:00:00"]
+)
+def test_parse_ts_refuses_with_a_value_error(text: str) -> None:
+    """Valid RFC 3339 whose UTC instant is outside Python's years (an OverflowError before round 24,
+    answered 500 by the HTTP layer), and a time without an offset."""
+    with pytest.raises(ValueError):
+        parse_ts(text)
+
+
+def test_parse_ts_at_the_edges_that_fit() -> None:
+    assert parse_ts("9999-12-31T23:59:59.9999Z") == datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+    assert parse_ts("0001-01-01T00:00:00-14:00") == datetime(1, 1, 1, 14, tzinfo=UTC)

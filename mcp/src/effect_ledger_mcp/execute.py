@@ -79,7 +79,22 @@ def receipt_of(result: CallToolResult) -> Receipt:
         encoded = json.dumps(document, sort_keys=True, default=str).encode()
         return Receipt(result_digest="sha256:" + hashlib.sha256(encoded).hexdigest())
     digest = "sha256:" + hashlib.sha256(encoded).hexdigest()
-    return Receipt(result=document if len(encoded) <= MAX_RESULT_BYTES else None, result_digest=digest)
+    # U+0000 (which JCS writes as \u0000) is valid JSON that PostgreSQL's jsonb cannot hold: the ledger
+    # refuses such a receipt (422), and until round 24 the call stayed submitted, then unknown, although
+    # the gateway had its result. Kept as its digest only, as a result over 16 KiB is.
+    storable = len(encoded) <= MAX_RESULT_BYTES and not _holds_nul(document)
+    return Receipt(result=document if storable else None, result_digest=digest)
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON value has U+0000 in a string or a member name."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def _refusal(exc: BaseException) -> str | None:

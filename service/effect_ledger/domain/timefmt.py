@@ -32,8 +32,13 @@ def format_ts(moment: datetime | None) -> str | None:
 
 
 def parse_ts(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp that carries an offset; raises ValueError otherwise."""
+    """Parse an RFC 3339 timestamp that carries an offset; raises ValueError otherwise, also for an
+    instant whose UTC time falls outside the years 1 - 9999 (`9999-12-31T23:59:59-14:00`: Python's
+    OverflowError, a 500 until round 24, where every caller answers a ValueError with a 422)."""
     moment = datetime.fromisoformat(text.replace("z", "Z"))
     if moment.tzinfo is None:
         raise ValueError("timestamp needs a UTC offset")
-    return to_ms(moment.astimezone(UTC))
+    try:
+        return to_ms(moment.astimezone(UTC))
+    except OverflowError:
+        raise ValueError("timestamp outside the years 1 - 9999 in UTC") from None
