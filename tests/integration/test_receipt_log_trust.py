@@ -310,8 +310,9 @@ class Checkpointing:
 async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tombstone_could_have_expired(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
-    """A committed operation's row lives at least MIN_ROW_DAYS (2) after its commit under any settings
-    (RETENTION_DAYS >= 1 to its tombstone, TOMBSTONE_DAYS >= RETENTION_DAYS to its expiry). A logged
+    """A committed operation's row lives at least a day after its commit under any settings
+    (RETENTION_DAYS >= 1 to its tombstone, TOMBSTONE_DAYS >= RETENTION_DAYS to its expiry, both from
+    its last change; MIN_ROW_AGE allows an hour for the clocks). A logged
     row gone sooner was dropped by someone who can write the database (its ID could execute again):
     `receipt_missing`, nothing signed. Until round 18 the checkpointer took every missing row for an
     expired tombstone. A row committed three days ago may have expired: its absence is no refusal."""

@@ -803,14 +803,17 @@ SELECT operation_id FROM restored;
 -- whole primary-key range for each 64-operation slice and filtered the array (5.3 ms a slice at 7,700
 -- operations, growing with the tenant; round 14). Only what the check compares (round 15: the other
 -- leaf facts were decoded for every receipt and never read).
-SELECT o.*
+-- feed_position: a row at another position than the leaf's is another use of the ID, claimed anew after
+-- the logged one expired (round 24).
+SELECT o.*, f.feed_position
 FROM (SELECT DISTINCT unnest($2::text[])) AS k(operation_id)
 CROSS JOIN LATERAL (
     SELECT o.operation_id, o.receipt, o.receipt_digest, COALESCE(o.commit_hash, o.chain_hash) AS commit_hash
     FROM ledger.operations AS o
     WHERE o.tenant_id = $1 AND o.operation_id = k.operation_id AND o.status = 'committed'
     OFFSET 0
-) AS o;
+) AS o
+LEFT JOIN ledger.feed AS f ON f.tenant_id = $1 AND f.operation_id = o.operation_id;
 
 -- name: log_positioned_between
 -- Committed operations holding feed positions in ($2, $3]: log-recover compares them with the mirror.

@@ -281,8 +281,9 @@ async def _intact_slice(
         if row["receipt"] is None:
             intact.add(row["operation_id"])
             continue
-        if row["purged_seq"] is None and chain and chain[0]["purged_seq"] is not None:
-            checked.purged.add(row["operation_id"])  # purged between the two reads (a row that stays
+        if chain and row["purged_seq"] != chain[0]["purged_seq"]:
+            checked.purged.add(row["operation_id"])  # purged (again, since round 24: an ID purged once,
+            # claimed anew and committed) between the two reads (a row that stays
             continue  # half purged, its body kept, is checked as it is on the next pass, and refused)
         if not chain or not chain_verdict(chain).ok:
             continue
@@ -399,6 +400,7 @@ class _Checked(msgspec.Struct, gc=False):
     unread; a leaf that is no JSON object fails to decode, an entry mismatch)."""
 
     operation_id: Any = None
+    index: Any = None
     receipt_digest: Any = None
     chain_hash: Any = None
     committed_at: Any = None  # read only when the operation's row is gone
@@ -408,15 +410,18 @@ _decode_entry = msgspec.json.Decoder(_Checked).decode
 
 
 # The shortest life a committed operation's row can have under any configuration: the purge makes it a
-# tombstone RETENTION_DAYS (at least 1) after its last change, the tombstone expires TOMBSTONE_DAYS (at
-# least RETENTION_DAYS) after that. Settings can change between the two (an operator raising
-# TOMBSTONE_DAYS must not make yesterday's expiries look like deletions), so the floors decide.
-MIN_ROW_DAYS = 2
+# tombstone RETENTION_DAYS (at least 1) after its last change, and the tombstone expires TOMBSTONE_DAYS
+# (at least RETENTION_DAYS) after the same last change (tombstone_operations leaves updated_at alone):
+# one day, at RETENTION_DAYS = TOMBSTONE_DAYS = 1. Settings can change (an operator raising
+# TOMBSTONE_DAYS must not make yesterday's expiries look like deletions), so the floors decide; an hour
+# less for the distance between this process's clock and the database's, which the purge judges by.
+# Until round 24 it was two days, and an expiry under the shortest settings was refused as a deletion.
+MIN_ROW_AGE = timedelta(days=1) - timedelta(hours=1)
 
 
 def _may_have_expired(leaf: _Checked) -> bool:
     """Whether a logged operation whose row is gone can have left by its tombstone's expiry: never
-    within MIN_ROW_DAYS of its commit. A row gone sooner was deleted: the operation was dropped (and
+    within MIN_ROW_AGE of its commit. A row gone sooner was deleted: the operation was dropped (and
     its ID could execute again)."""
     try:
         committed = datetime.fromisoformat(str(leaf.committed_at))
@@ -424,7 +429,13 @@ def _may_have_expired(leaf: _Checked) -> bool:
         return False
     if committed.tzinfo is None:
         return False
-    return committed < datetime.now(UTC) - timedelta(days=MIN_ROW_DAYS)
+    return committed < datetime.now(UTC) - MIN_ROW_AGE
+
+
+def _position_of(leaf: _Checked) -> int | None:
+    """The feed position a leaf names (its index + 1), None when it names none."""
+    index = leaf.index
+    return index + 1 if type(index) is int else None
 
 
 async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, new: int) -> str | None:
@@ -460,6 +471,11 @@ async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, ne
         current = {r["operation_id"]: r for r in await conn.fetch(sql("log_receipts_of"), tenant, ids)}
         for leaf in part:
             row = current.get(leaf.operation_id)
+            if row is not None and row["feed_position"] != _position_of(leaf):
+                # the ID's row is another use of it: the logged one expired (its feed position went
+                # with it) and the ID was claimed anew (API.md section 9a); until round 24 it was
+                # compared with the leaf, and the tenant was never signed again
+                row = None
             if row is None:
                 if _may_have_expired(leaf):
                     continue  # an expired tombstone: nothing left to compare
