@@ -430,6 +430,17 @@ async def test_a_restored_backup_stops_writes_until_log_recover(
 
         async with Service(restored) as running, running.client() as client:
             assert (await client.get("/readyz")).status_code == 200
+            # the recovered tree, which the signer had signed and the database had no checkpoint of, is
+            # signed again: the recovered receipts are provable with no new commit (until round 24 they
+            # answered 409 not_yet_logged, and the checkpoint served was the backup's, until one came)
+            proved = await until(
+                lambda: get(client, "/v1/log/proof", {"operation_id": "op-5"}, **AUDITOR),
+                "a recovered receipt provable",
+                holds=lambda r: r.status_code == 200,
+            )
+            key = (await get(client, "/v1/log/key", **AUDITOR)).json()["vkey"]
+            verified = verify_proof(proved.text, key)
+            assert (verified.index, verified.size) == (5, 7)
             for i in range(3, 7):  # every lost committed ID is known again: never executed twice
                 r = await claim(client, f"op-{i}")
                 assert r.status_code == 200 and r.json()["action"] == "reuse_receipt", r.text
@@ -660,6 +671,108 @@ async def test_a_checkpoint_a_witness_missed_is_offered_again_until_it_is_cosign
         assert parse_checkpoint(parse_note(note.text).text).size == 1
         proof = (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).text
         assert verify_proof(proof, vkey, [witness["vkey"]]).cosigned_by == (witness["vkey"].split("+")[0],)
+
+
+async def test_a_checkpoint_a_witness_missed_before_a_restart_is_offered_after_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The witness is down when size 1 is signed, and the service restarts (a deploy) before it is
+    back: the new service offers every tenant's latest checkpoint to the witnesses that have not
+    cosigned it, so size 1 is cosigned with no further commit. Until round 24 the offers to retry lived
+    in the stopped process's memory, and the checkpoint stayed uncosigned until the log grew."""
+    from effect_ledger.signer import signer_from_settings
+
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
+    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    with cli_process(*witness_args, env=env) as w:  # started once for its key and URL, then stopped
+        witness = {"url": w["witness"], "vkey": w["vkey"]}
+    witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
+    async with Service(witnessed) as running, running.client() as client:
+        await committed(client, "op-0")
+        await wait_for_size(client, 1)
+        assert (await get(client, "/v1/log/checkpoint", **AUDITOR)).text.count("\u2014") == 1
+    with cli_process(*witness_args, env=env):
+        async with Service(witnessed) as running, running.client() as client:
+            note = await until(
+                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
+                "size 1 cosigned after the restart",
+                holds=lambda r: r.text.count("\u2014") == 2,
+            )
+    assert parse_checkpoint(parse_note(note.text).text).size == 1
+
+
+async def test_a_receipt_keeps_its_proof_while_a_witness_misses_many_checkpoints(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proof looks through at most COSIGNED_LOOKBACK checkpoints for one the quorum cosigned; with a
+    witness down for more checkpoints than that, only those with cosignatures count. Until round 24
+    the newest ones, all uncosigned, hid op-0's cosigned checkpoint and its proof was 409 (at the
+    default LOG_CHECKPOINT_SECONDS, after about five minutes of a witness outage under steady commits).
+    The lookback is made 2 here, for three checkpoints after the outage began."""
+    from effect_ledger.signer import signer_from_settings
+
+    monkeypatch.setattr(receipt_log, "COSIGNED_LOOKBACK", 2)
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
+    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    with contextlib.ExitStack() as up:
+        w = up.enter_context(cli_process(*witness_args, env=env))
+        witness = {"url": w["witness"], "vkey": w["vkey"]}
+        witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
+        async with Service(witnessed) as running, running.client() as client:
+            await committed(client, "op-0")
+            await until(
+                lambda: get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR),
+                "op-0 provable",
+                holds=lambda r: r.status_code == 200,
+            )
+            up.close()  # the witness stops
+            for i in range(1, 4):
+                await committed(client, f"op-{i}")
+                await wait_for_size(client, i + 1)
+            r = await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)
+            assert r.status_code == 200, r.text
+            verified = verify_proof(r.text, vkey, [witness["vkey"]], 1)
+            assert (verified.index, verified.size) == (0, 1)
+
+
+async def test_a_witness_that_never_answers_holds_up_no_checkpoint(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Offers to the witnesses run apart from the checkpoints: while a witness that accepts and never
+    answers holds the offer of size 1 (cut by the client after 5 s), size 2 is signed. Until round 24
+    the checkpointer offered each checkpoint inline, and the next one waited the silent witness out (5
+    s a witness and a tenant, every pass: API.md promises a checkpoint within LOG_CHECKPOINT_SECONDS
+    plus one batch)."""
+    closed_by_the_service: list[bool] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(4096):
+            pass
+        closed_by_the_service.append(True)
+        writer.close()
+
+    silent = await asyncio.start_server(hang, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    witness_vkey = Signer("silent-witness", secrets.token_bytes(32), ALG_COSIGNATURE_V1).verifier.vkey
+    witnessed = log_settings(
+        settings,
+        tmp_path,
+        log_witnesses=json.dumps([{"url": url, "vkey": witness_vkey}]),
+        log_witness_quorum=0,
+    )
+    try:
+        async with Service(witnessed) as running, running.client() as client:
+            await committed(client, "op-0")
+            await wait_for_size(client, 1)
+            await committed(client, "op-1")
+            await wait_for_size(client, 2)
+            assert closed_by_the_service == []  # the offer of size 1 still hangs
+    finally:
+        silent.close()
 
 
 async def test_a_proof_goes_against_the_newest_checkpoint_the_quorum_cosigned(

@@ -752,9 +752,13 @@ FROM ledger.log_checkpoints WHERE tenant_id = $1 ORDER BY size DESC LIMIT 1;
 
 -- name: log_checkpoints_covering
 -- The tenant's newest signed checkpoints (at most $3) that hold leaf index $2 - 1 (size >= feed position
--- $2), newest first: a proof goes against the first of them its witnesses' quorum cosigned.
+-- $2), newest first: a proof goes against the first of them its witnesses' quorum cosigned. $4: only
+-- those with cosignatures kept (a quorum is needed): a witness down for more than $3 checkpoints left
+-- older receipts with none among the newest $3, and no proof, until round 24.
 SELECT size, root, note, cosignatures
-FROM ledger.log_checkpoints WHERE tenant_id = $1 AND size >= $2 ORDER BY size DESC LIMIT $3;
+FROM ledger.log_checkpoints
+WHERE tenant_id = $1 AND size >= $2 AND (NOT $4 OR COALESCE(cosignatures, '') <> '')
+ORDER BY size DESC LIMIT $3;
 
 -- name: log_checkpoint_at
 -- The tenant's signed checkpoint of size $2 (GET /v1/log/consistency's `to`).

@@ -494,8 +494,10 @@ async def checkpoint_tenant(
     signed: Signed | None,
     refuse: Refuse,
     guard: LogGuard | None = None,
+    again: bool = False,
 ) -> int | None:
-    """Ask the signer to sign the tenant's integrated tree; answers the signed size, or None.
+    """Ask the signer to sign the tenant's integrated tree; answers the signed size, or None. `again`:
+    the tree is the one the signer signed last (`signed`), and the database has no checkpoint of it.
 
     Checked first: the root from the tiles is the integrated root; the new entries (and, round
     robin, AUDIT_BUNDLES bundles of the signed part) hash to their level-0 tile hashes and carry
@@ -510,7 +512,7 @@ async def checkpoint_tenant(
         if state is None:
             return None
         size, root = int(state["size"]), bytes(state["root"])
-        if size <= old.size:
+        if size < old.size or (size == old.size and not again):
             return None
         reason = guard.tainted.get(tenant)
         if reason is None and await _tile_root(conn, tenant, size) != root:
@@ -639,6 +641,15 @@ async def checkpoint(
         if tenant in behind or row["size"] == 0:
             continue
         done = states.get(prefix + tenant)
+        if done is not None and row["size"] == done.size and (row["signed_size"] or 0) < done.size:
+            # the tree the signer signed last, with no checkpoint of it in the database: log-recover
+            # rebuilt it from mirrored bundles (or the process stopped between the signature and its
+            # commit). Signed again (the same tree: an empty consistency proof), so that the recovered
+            # receipts are provable without waiting for a new commit (until round 24 they waited)
+            size = await checkpoint_tenant(conn, tenant, signer, config, done, refuse, guard, again=True)
+            if size is not None:
+                signed.append((tenant, size))
+            continue
         if done is not None and row["size"] <= done.size:  # idle, by the signer's own state
             await audit_idle(conn, tenant, row, config, guard, refuse, now, done)
             continue
@@ -734,7 +745,9 @@ async def proof_of(
         position = found["feed_position"]
         if position is None:
             raise not_yet_logged(retry_after)  # committed, not yet on the feed
-        covering = await conn.fetch(sql("log_checkpoints_covering"), tenant, position, COSIGNED_LOOKBACK)
+        covering = await conn.fetch(
+            sql("log_checkpoints_covering"), tenant, position, COSIGNED_LOOKBACK, witnesses.quorum > 0
+        )
         row, cosignatures = None, ""
         for candidate in covering:
             cosignatures, names = witnessed(candidate["note"], candidate["cosignatures"] or "", witnesses)
@@ -742,7 +755,11 @@ async def proof_of(
                 row = candidate
                 break
         if row is None:  # in no checkpoint yet, or in none the quorum cosigned yet
-            raise not_yet_logged(retry_after, cosigned=bool(covering))
+            signed = bool(covering)
+            if not signed and witnesses.quorum > 0:  # only cosigned ones were read: is it signed at all?
+                latest = await conn.fetchrow(sql("log_latest_checkpoint"), tenant)
+                signed = latest is not None and int(latest["size"]) >= int(position)
+            raise not_yet_logged(retry_after, cosigned=signed)
         index = int(position) - 1
         size = int(row["size"])
         bundle = (await _fetch_tiles(conn, tenant, {(ENTRIES, index // TILE_WIDTH)})).get(
@@ -856,26 +873,44 @@ async def background_log(
         return
     witnesses = witness_config(settings)
     integrating, checkpointing = OwnerLink(settings), OwnerLink(settings)
+    witnessing = OwnerLink(settings)
     unsent: list[tuple[str, int]] = []  # checkpoints signed, not yet offered to the witnesses
     missed = WitnessRetries()  # checkpoints a witness did not cosign, offered again until it does
 
     async def offer(conn: asyncpg.Connection, tenant: str, size: int) -> None:
         missed.offered(tenant, size, await submit_to_witnesses(conn, config, witnesses, tenant, size))
 
-    async def checkpoint_pass(witnessed: bool = True) -> None:
+    async def checkpoint_pass() -> None:
         try:
             conn = await checkpointing.get()
-            unsent.extend(await checkpoint(conn, signer, config, guard, refuse))
-            if not witnessed:
-                return
-            while unsent:  # a witness that does not answer is logged, not raised
-                await offer(conn, *unsent[0])
-                del unsent[0]
-            for tenant, size in missed.due():
-                await offer(conn, tenant, size)
+            signed = await checkpoint(conn, signer, config, guard, refuse)
+            if witnesses.items:
+                unsent.extend(signed)
         except Exception as exc:  # a blip, a failover: the next pass retries on a new connection
             checkpointing.drop()
             log.warning("log_checkpoint_failed", exception_type=type(exc).__name__)
+
+    async def witness_loop() -> None:
+        # Apart from the checkpoints (since round 24): a witness that does not answer holds up its own
+        # offers, 5 s each, not the next checkpoint of every tenant. Its first pass offers every
+        # tenant's latest checkpoint (each to the witnesses that have not cosigned it): one a witness
+        # missed before a restart is not left uncosigned until the tenant's log grows again.
+        seeded = False
+        while True:
+            try:
+                conn = await witnessing.get()
+                if not seeded:
+                    unsent.extend(await latest_signed(conn))
+                    seeded = True
+                while unsent:  # a witness that does not answer is logged, not raised
+                    await offer(conn, *unsent[0])
+                    del unsent[0]
+                for tenant, size in missed.due():
+                    await offer(conn, tenant, size)
+            except Exception as exc:
+                witnessing.drop()
+                log.warning("log_witness_pass_failed", exception_type=type(exc).__name__)
+            await asyncio.sleep(min(1.0, settings.log_checkpoint_seconds / 2))
 
     async def integrate_loop() -> None:
         # A pass that filled a batch is followed by the next at once (a backlog, after a restart or a
@@ -899,14 +934,16 @@ async def background_log(
             await checkpoint_pass()
 
     # The first pass (it finds a database behind the signer) before serving; what it signs goes to the
-    # witnesses with the next pass, so that a witness slow to answer does not hold up the start.
-    await checkpoint_pass(witnessed=False)
+    # witnesses from the witness loop, so that a witness slow to answer does not hold up the start.
+    await checkpoint_pass()
+    loops = [integrate_loop(), checkpoint_loop()] + ([witness_loop()] if witnesses.items else [])
     try:
-        async with in_background(integrate_loop(), checkpoint_loop()):
+        async with in_background(*loops):
             yield
     finally:
         integrating.drop()
         checkpointing.drop()
+        witnessing.drop()
 
 
 @asynccontextmanager
@@ -1040,6 +1077,15 @@ async def submit_to_witnesses(
             "log_witness_quorum_missed", tenant=tenant, size=size, cosignatures=count, quorum=witnesses.quorum
         )
     return missing
+
+
+async def latest_signed(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    """Every tenant's latest checkpoint in the database, (tenant, size)."""
+    async with conn.transaction():
+        await conn.fetchval(sql("maintenance_scope"), "on")
+        rows = await conn.fetch(sql("log_states"))
+        await conn.fetchval(sql("maintenance_scope"), "off")
+    return [(r["tenant_id"], int(r["signed_size"])) for r in rows if r["signed_size"]]
 
 
 def _cosignatures(note: str, lines: str, key: Verifier) -> list[str]:
