@@ -307,6 +307,26 @@ class Checkpointing:
 
 
 @pytest.mark.storage
+async def test_a_checkpoint_raced_by_another_replica_is_no_refusal(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Every server pod runs a checkpointer (three replicas by default): one that read the signer's state
+    before another replica signed sends a consistency proof from the older size, and the signer refuses
+    it (`inconsistent`). That is a race, not a rewrite: no refusal is counted (until round 24 each one
+    was, and alerted on), nothing is signed, and the next pass, from the signer's new state, signs. A
+    tree that is no extension of what was signed is still refused (test_tampered_history_...)."""
+    async with Checkpointing(settings, tmp_path, commits=3) as log:
+        assert await log.grow_and_sign(2) == 2  # "another replica" signs size 2
+        assert await receipt_log.integrate_tenant(log.owner, "t1", 1) == 1
+        read_before = receipt_log.Signed(0, merkle.EMPTY_ROOT)  # what this one read before that
+        raced = await receipt_log.checkpoint_tenant(
+            log.owner, "t1", log.signer, log.config, read_before, log.refuse, log.guard
+        )
+        assert (raced, log.refused, await log.signed_size()) == (None, [], 2)
+        assert await log.grow_and_sign(3) == 3 and log.refused == []
+
+
+@pytest.mark.storage
 async def test_a_logged_operation_whose_row_is_gone_stops_signing_unless_its_tombstone_could_have_expired(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:

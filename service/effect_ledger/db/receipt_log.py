@@ -533,6 +533,13 @@ async def checkpoint_tenant(
                 note = await signer.sign(origin, size, root, proof)
             except SignRefused as refused:
                 reason = refused.reason
+                if reason in RACED and await _signed_meanwhile(signer, origin, old):
+                    # another replica's checkpointer signed after this pass read the signer's state:
+                    # the proof was from an older size. No refusal (it was counted and alerted on until
+                    # round 24, in every deployment of more than one replica); the next pass starts
+                    # from the new state, and a database that is really not an extension is refused then
+                    log.info("log_checkpoint_raced", tenant=tenant, size=size, read_size=old.size)
+                    return None
         if reason is not None:
             refuse(reason, tenant)
             log.warning(
@@ -542,6 +549,16 @@ async def checkpoint_tenant(
         await conn.execute(sql("log_checkpoint_put"), tenant, size, root, note)
         await conn.execute(sql("log_signed"), tenant, size)
     return size
+
+
+# The signer's refusals that a stale read of its state explains.
+RACED = frozenset({"inconsistent", "log_behind_signer"})
+
+
+async def _signed_meanwhile(signer: LogSigner, origin: str, read: Signed) -> bool:
+    """Whether the signer's state for `origin` moved on from what the pass read."""
+    now = (await signer.states()).get(origin)
+    return now is not None and (now.size, now.root) != (read.size, read.root)
 
 
 async def audit_idle(
