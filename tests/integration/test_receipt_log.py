@@ -13,7 +13,6 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import httpx
@@ -26,7 +25,7 @@ from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
 from support.ledger import AUDITOR, CLAIM, RECEIPT, committed, get, owner, wait_for_size
-from support.receipt_log import log_settings
+from support.receipt_log import integrate_twice, log_settings, purge_beside_the_next_check
 from support.server import Service
 from support.waiting import until
 
@@ -431,29 +430,17 @@ async def test_a_receipt_purged_while_its_batch_is_checked_waits_for_the_next_pa
     the batch read with its body, purged into a tombstone before the batch's chains were read, is no
     edit. The pass stops in front of it without a `receipt_mismatch` refusal, and the next pass logs
     the tombstone (its kept digest). Before round 17 each such race counted and logged a refusal."""
-    from effect_ledger.db import receipt_log
-    from effect_ledger.db.maintenance import owner_connection, purge
+    from effect_ledger.db.maintenance import owner_connection
 
     async with Service(settings) as off, off.client() as client:  # the log is not running
         for i in range(3):
             await committed(client, f"op-{i}")
     async with owner(db_url) as aged:  # untouched for longer than the retention (30 days)
         await aged.execute("UPDATE ledger.operations SET updated_at = now() - make_interval(days => 40)")
-    checked = receipt_log._intact_receipts
-
-    async def purged_meanwhile(*args: Any) -> Any:
-        monkeypatch.setattr(receipt_log, "_intact_receipts", checked)  # the first pass only
-        assert (await purge(settings)).counts["operations"] == 3  # tombstones, beside the open pass
-        return await checked(*args)
-
-    monkeypatch.setattr(receipt_log, "_intact_receipts", purged_meanwhile)
-    refused: list[str] = []
+    purge_beside_the_next_check(monkeypatch, settings, 3)  # tombstones, beside the open pass
     conn = await owner_connection(settings)
     try:
-        first = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
-        assert (first, refused) == (0, [])
-        second = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
-        assert (second, refused) == (3, [])
+        assert await integrate_twice(conn) == (0, 3, [])
         bundle = await conn.fetchval(
             "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1"
         )

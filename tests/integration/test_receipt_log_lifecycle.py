@@ -5,7 +5,6 @@ round 24; each test fails on the code before it)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,7 @@ from support.ledger import (
     owner,
     wait_for_size,
 )
-from support.receipt_log import log_settings
+from support.receipt_log import integrate_twice, log_settings, purge_beside_the_next_check
 from support.server import Service
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.storage]
@@ -87,7 +86,6 @@ async def test_an_id_purged_twice_while_its_batch_is_checked_raises_no_alarm(
     """As test_receipt_log's purge race, for an ID purged once already (not_applied, purged, claimed
     anew and committed) and purged again between the batch's two reads: the pass stops in front of it
     without a `receipt_mismatch` refusal (an alert), and the next pass logs its tombstone."""
-    from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection, purge
 
     async def age() -> None:
@@ -103,20 +101,9 @@ async def test_an_id_purged_twice_while_its_batch_is_checked_raises_no_alarm(
         done = {"token": r.json()["claim"]["token"], "outcome": "committed", "receipt": RECEIPT}
         assert (await call(client, "op-0", "complete", done)).status_code == 200
     await age()
-    checked = receipt_log._intact_receipts
-
-    async def purged_meanwhile(*args: Any) -> Any:
-        monkeypatch.setattr(receipt_log, "_intact_receipts", checked)  # the first pass only
-        assert (await purge(settings)).counts["operations"] == 1
-        return await checked(*args)
-
-    monkeypatch.setattr(receipt_log, "_intact_receipts", purged_meanwhile)
-    refused: list[str] = []
+    purge_beside_the_next_check(monkeypatch, settings, 1)
     conn = await owner_connection(settings)
     try:
-        first = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
-        assert (first, refused) == (0, [])
-        second = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
-        assert (second, refused) == (1, [])
+        assert await integrate_twice(conn) == (0, 1, [])
     finally:
         await conn.close()

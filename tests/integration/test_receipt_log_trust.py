@@ -20,6 +20,7 @@ import os
 import secrets
 import subprocess
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -389,6 +390,67 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+async def witness_for(settings: Settings, tmp_path: Path) -> tuple[str, tuple[str, ...], dict[str, str]]:
+    """t1's log vkey, the arguments of an `effect-ledger witness` of it (a free port, its state and key
+    under tmp_path: the same witness when started again), and an environment without the test's
+    EFFECT_LEDGER_ settings to run it in."""
+    from effect_ledger.signer import signer_from_settings
+
+    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
+    args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
+    return vkey, (*args, "--key", str(tmp_path / "wkey"), "--log", vkey), env
+
+
+async def a_witness_down(
+    settings: Settings, tmp_path: Path
+) -> tuple[str, tuple[str, ...], dict[str, str], dict[str, str]]:
+    """witness_for's vkey, arguments and environment, and the witness's {url, vkey}: started once for
+    its key and URL, then stopped (it is down until a test starts it again)."""
+    vkey, witness_args, env = await witness_for(settings, tmp_path)
+    with cli_process(*witness_args, env=env) as w:
+        witness = {"url": w["witness"], "vkey": w["vkey"]}
+    return vkey, witness_args, env, witness
+
+
+async def signed_alone(client: httpx.AsyncClient) -> None:
+    """op-0 committed and in a checkpoint of size 1 that carries only the log's own signature."""
+    await committed(client, "op-0")
+    await wait_for_size(client, 1)
+    assert (await get(client, "/v1/log/checkpoint", **AUDITOR)).text.count("\u2014") == 1
+
+
+@contextlib.asynccontextmanager
+async def silent_witness() -> AsyncIterator[tuple[dict[str, str], list[bool]]]:
+    """A witness ({url, vkey}) that accepts connections and never answers, and a list that gets an
+    entry each time the service gives up on one and closes it (its client's 5 s timeout)."""
+    closed: list[bool] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(4096):
+            pass
+        closed.append(True)
+        writer.close()
+
+    silent = await asyncio.start_server(hang, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    vkey = Signer("silent-witness", secrets.token_bytes(32), ALG_COSIGNATURE_V1).verifier.vkey
+    try:
+        yield {"url": url, "vkey": vkey}, closed
+    finally:
+        silent.close()
+
+
+async def cosigned(client: httpx.AsyncClient, what: str, within: float = 30) -> httpx.Response:
+    """The served checkpoint, once it carries one cosignature beside the log's own signature."""
+    return await until(
+        lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
+        what,
+        holds=lambda r: r.text.count("\u2014") == 2,
+        within=within,
+    )
+
+
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=120)
 
@@ -631,7 +693,6 @@ async def test_a_checkpoint_signed_at_start_up_reaches_the_witnesses(
     with no further commit. Until round 20 a checkpoint signed at start-up was offered to no witness
     until the log grew again."""
     from effect_ledger.db.maintenance import owner_connection
-    from effect_ledger.signer import signer_from_settings
 
     async with Service(settings) as off, off.client() as client:  # the log off
         for i in range(3):
@@ -643,19 +704,13 @@ async def test_a_checkpoint_signed_at_start_up_reaches_the_witnesses(
         assert await conn.fetchval("SELECT count(*) FROM ledger.log_checkpoints") == 0
     finally:
         await conn.close()
-    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
-    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
-    with cli_process(*witness_args, "--key", str(tmp_path / "wkey"), "--log", vkey, env=env) as w:
+    _vkey, witness_args, env = await witness_for(settings, tmp_path)
+    with cli_process(*witness_args, env=env) as w:
         witnessed = log_settings(
             settings, tmp_path, log_witnesses=json.dumps([{"url": w["witness"], "vkey": w["vkey"]}])
         )
         async with Service(witnessed) as running, running.client() as client:
-            note = await until(
-                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
-                "size 3 cosigned by the witness",
-                holds=lambda r: r.text.count("\u2014") == 2,
-            )
+            note = await cosigned(client, "size 3 cosigned by the witness")
             assert parse_checkpoint(parse_note(note.text).text).size == 3
 
 
@@ -666,28 +721,12 @@ async def test_a_checkpoint_a_witness_missed_is_offered_again_until_it_is_cosign
     commit: the service offers a checkpoint some witness did not cosign again (after 1 s, then after
     twice the wait each time). Until round 21 it was offered once: an idle log kept an uncosigned
     checkpoint, and proofs no quorum accepts, until it grew again."""
-    from effect_ledger.signer import signer_from_settings
-
-    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
-    port = free_port()
-    witness_args = ("witness", "--port", str(port), "--state", str(tmp_path / "witness"))
-    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
-    with cli_process(*witness_args, env=env) as w:  # started once for its key and URL, then stopped
-        witness = {"url": w["witness"], "vkey": w["vkey"]}
+    vkey, witness_args, env, witness = await a_witness_down(settings, tmp_path)
     witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
     async with Service(witnessed) as running, running.client() as client:
-        await committed(client, "op-0")
-        await wait_for_size(client, 1)
-        alone = (await get(client, "/v1/log/checkpoint", **AUDITOR)).text
-        assert alone.count("\u2014") == 1  # the log's own signature: the witness is down
+        await signed_alone(client)
         with cli_process(*witness_args, env=env):
-            note = await until(
-                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
-                "size 1 cosigned once the witness is back",
-                holds=lambda r: r.text.count("\u2014") == 2,
-                within=30,
-            )
+            note = await cosigned(client, "size 1 cosigned once the witness is back", within=30)
         assert parse_checkpoint(parse_note(note.text).text).size == 1
         proof = (await get(client, "/v1/log/proof", {"operation_id": "op-0"}, **AUDITOR)).text
         assert verify_proof(proof, vkey, [witness["vkey"]]).cosigned_by == (witness["vkey"].split("+")[0],)
@@ -700,26 +739,13 @@ async def test_a_checkpoint_a_witness_missed_before_a_restart_is_offered_after_i
     back: the new service offers every tenant's latest checkpoint to the witnesses that have not
     cosigned it, so size 1 is cosigned with no further commit. Until round 24 the offers to retry lived
     in the stopped process's memory, and the checkpoint stayed uncosigned until the log grew."""
-    from effect_ledger.signer import signer_from_settings
-
-    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
-    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
-    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
-    with cli_process(*witness_args, env=env) as w:  # started once for its key and URL, then stopped
-        witness = {"url": w["witness"], "vkey": w["vkey"]}
+    _, witness_args, env, witness = await a_witness_down(settings, tmp_path)
     witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
     async with Service(witnessed) as running, running.client() as client:
-        await committed(client, "op-0")
-        await wait_for_size(client, 1)
-        assert (await get(client, "/v1/log/checkpoint", **AUDITOR)).text.count("\u2014") == 1
+        await signed_alone(client)
     with cli_process(*witness_args, env=env):
         async with Service(witnessed) as running, running.client() as client:
-            note = await until(
-                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
-                "size 1 cosigned after the restart",
-                holds=lambda r: r.text.count("\u2014") == 2,
-            )
+            note = await cosigned(client, "size 1 cosigned after the restart")
     assert parse_checkpoint(parse_note(note.text).text).size == 1
 
 
@@ -731,13 +757,9 @@ async def test_a_receipt_keeps_its_proof_while_a_witness_misses_many_checkpoints
     the newest ones, all uncosigned, hid op-0's cosigned checkpoint and its proof was 409 (at the
     default LOG_CHECKPOINT_SECONDS, after about five minutes of a witness outage under steady commits).
     The lookback is made 2 here, for three checkpoints after the outage began."""
-    from effect_ledger.signer import signer_from_settings
 
     monkeypatch.setattr(receipt_log, "COSIGNED_LOOKBACK", 2)
-    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
-    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
-    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    vkey, witness_args, env = await witness_for(settings, tmp_path)
     with contextlib.ExitStack() as up:
         w = up.enter_context(cli_process(*witness_args, env=env))
         witness = {"url": w["witness"], "vkey": w["vkey"]}
@@ -767,32 +789,16 @@ async def test_a_witness_that_never_answers_holds_up_no_checkpoint(
     the checkpointer offered each checkpoint inline, and the next one waited the silent witness out (5
     s a witness and a tenant, every pass: API.md promises a checkpoint within LOG_CHECKPOINT_SECONDS
     plus one batch)."""
-    closed_by_the_service: list[bool] = []
-
-    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(4096):
-            pass
-        closed_by_the_service.append(True)
-        writer.close()
-
-    silent = await asyncio.start_server(hang, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-    witness_vkey = Signer("silent-witness", secrets.token_bytes(32), ALG_COSIGNATURE_V1).verifier.vkey
-    witnessed = log_settings(
-        settings,
-        tmp_path,
-        log_witnesses=json.dumps([{"url": url, "vkey": witness_vkey}]),
-        log_witness_quorum=0,
-    )
-    try:
+    async with silent_witness() as (witness, closed_by_the_service):
+        witnessed = log_settings(
+            settings, tmp_path, log_witnesses=json.dumps([witness]), log_witness_quorum=0
+        )
         async with Service(witnessed) as running, running.client() as client:
             await committed(client, "op-0")
             await wait_for_size(client, 1)
             await committed(client, "op-1")
             await wait_for_size(client, 2)
             assert closed_by_the_service == []  # the offer of size 1 still hangs
-    finally:
-        silent.close()
 
 
 async def test_a_proof_goes_against_the_newest_checkpoint_the_quorum_cosigned(
@@ -803,23 +809,15 @@ async def test_a_proof_goes_against_the_newest_checkpoint_the_quorum_cosigned(
     the cosigned size 1 (and verifies with the quorum), op-1's is 409 not_yet_logged with Retry-After
     until the witness is back and cosigns size 2. Until round 23 both were proved against the newest
     checkpoint, cosigned or not: proof files that `effect-ledger-verify --quorum 1` refuses."""
-    from effect_ledger.signer import signer_from_settings
 
-    vkey = await signer_from_settings(log_settings(settings, tmp_path)).vkey("effect-ledger.local/t1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_LEDGER_")}
-    witness_args = ("witness", "--port", str(free_port()), "--state", str(tmp_path / "witness"))
-    witness_args += ("--key", str(tmp_path / "wkey"), "--log", vkey)
+    vkey, witness_args, env = await witness_for(settings, tmp_path)
     with contextlib.ExitStack() as up:  # the witness, up for size 1 only
         w = up.enter_context(cli_process(*witness_args, env=env))
         witness = {"url": w["witness"], "vkey": w["vkey"]}
         witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
         async with Service(witnessed) as running, running.client() as client:
             await committed(client, "op-0")
-            await until(
-                lambda: get(client, "/v1/log/checkpoint", **AUDITOR),
-                "size 1 cosigned",
-                holds=lambda r: r.text.count("\u2014") == 2,
-            )
+            await cosigned(client, "size 1 cosigned")
             up.close()  # the witness stops
             await committed(client, "op-1")
             await wait_for_size(client, 2)
@@ -873,14 +871,6 @@ async def test_a_witness_that_never_answers_does_not_hold_up_the_start(
     checkpoints to the witnesses at all)."""
     from effect_ledger.db.maintenance import owner_connection
 
-    closed_by_the_service: list[bool] = []
-
-    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(4096):
-            pass
-        closed_by_the_service.append(True)
-        writer.close()
-
     async with Service(settings) as off, off.client() as client:  # the log off
         await committed(client, "op-0")
     conn = await owner_connection(settings)
@@ -888,13 +878,8 @@ async def test_a_witness_that_never_answers_does_not_hold_up_the_start(
         assert await receipt_log.integrate(conn, 10, receipt_log.LogGuard()) == "done"
     finally:
         await conn.close()
-    silent = await asyncio.start_server(hang, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-    witness_vkey = Signer("silent-witness", secrets.token_bytes(32), ALG_COSIGNATURE_V1).verifier.vkey
-    witnessed = log_settings(
-        settings, tmp_path, log_witnesses=json.dumps([{"url": url, "vkey": witness_vkey}])
-    )
-    try:
+    async with silent_witness() as (witness, closed_by_the_service):
+        witnessed = log_settings(settings, tmp_path, log_witnesses=json.dumps([witness]))
         async with Service(witnessed) as running, running.client() as client:
             assert (await claim(client, "op-1")).status_code == 201
             assert closed_by_the_service == []
@@ -904,8 +889,6 @@ async def test_a_witness_that_never_answers_does_not_hold_up_the_start(
                 ).size
                 == 1
             )
-    finally:
-        silent.close()
 
 
 EDITED_BEFORE_LOGGED = {

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from effect_ledger.settings import Settings
 
@@ -48,3 +49,29 @@ def cli_process(*args: str, env: dict[str, str]) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.communicate(timeout=10)  # waits, and closes both pipes
+
+
+def purge_beside_the_next_check(monkeypatch: Any, settings: Settings, purged: int) -> None:
+    """The next integration pass checks its batch only after a purge (which must purge `purged`
+    operations) ran between its two reads: the batch's rows, then their chains."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import purge
+
+    checked = receipt_log._intact_receipts
+
+    async def purged_meanwhile(*args: Any) -> Any:
+        monkeypatch.setattr(receipt_log, "_intact_receipts", checked)  # the first pass only
+        assert (await purge(settings)).counts["operations"] == purged
+        return await checked(*args)
+
+    monkeypatch.setattr(receipt_log, "_intact_receipts", purged_meanwhile)
+
+
+async def integrate_twice(conn: Any) -> tuple[int | None, int | None, list[str]]:
+    """Two integration passes of t1 (batches of 50): what each appended, and the refusals counted."""
+    from effect_ledger.db import receipt_log
+
+    refused: list[str] = []
+    first = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
+    second = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
+    return first, second, refused
