@@ -9,7 +9,8 @@
 -- the report repeats it (ledger.same_outcome), else conflicting_outcome with a `discrepancy` event;
 -- unknown reported while pending -> invalid_transition; diagnostics naming another attempt ->
 -- validation_failed (nothing written); unknown reported while unknown -> at most the expiry is
--- recorded (completed, or unchanged); otherwise the outcome is recorded (completed). Committed
+-- recorded (completed, or unchanged), unless it carries the attempt's first diagnostics (recorded:
+-- completed, 0024); otherwise the outcome is recorded (completed). Committed
 -- without a receipt, or not_applied without a reason, is refused with check_violation (SQLSTATE
 -- 23514, nothing written), as the table check did before migration 0016.
 -- A submitted operation whose lease ran out first gets its `lease_expired` event (unknown), then the report.
@@ -92,29 +93,30 @@ BEGIN
         events := jsonb_build_array(e);
         head := e ->> 'hash';
     END IF;
-    IF outcome = 'unknown' AND cur.status = 'unknown' THEN
-        -- already unknown: nothing to record; a repeat with diagnostics names the incident stored first
-        outcome_code := 'unchanged';
+    IF outcome = 'unknown' AND status = 'unknown' THEN
+        -- already unknown (reported, swept, or its lease ran out): a repeat with diagnostics names the
+        -- incident stored first
         incident_ref := CASE WHEN incident IS NOT NULL THEN (
             SELECT ev.data ->> 'incident' FROM ledger.events AS ev
             WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
               AND ev.attempt = cur.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
             ORDER BY ev.seq DESC LIMIT 1) END;
-        SELECT * INTO op FROM ledger.operations AS t
-        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
-        RETURN;
-    ELSIF outcome = 'unknown' AND status = 'unknown' THEN
-        -- reported unknown after the lease ran out: the expiry is all there is to record
-        incident_ref := CASE WHEN incident IS NOT NULL THEN (
-            SELECT ev.data ->> 'incident' FROM ledger.events AS ev
-            WHERE ev.tenant_id = complete.tenant AND ev.operation_id = complete.operation_id
-              AND ev.attempt = cur.attempt AND ev.kind = 'completed' AND ev.to_status = 'unknown'
-            ORDER BY ev.seq DESC LIMIT 1) END;
-        UPDATE ledger.operations AS t SET
-            status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = head
-        WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
-        RETURNING * INTO op;
-        RETURN;
+        IF incident IS NULL OR incident_ref IS NOT NULL THEN
+            IF cur.status = 'unknown' THEN  -- nothing to record
+                outcome_code := 'unchanged';
+                SELECT * INTO op FROM ledger.operations AS t
+                WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id;
+            ELSE  -- reported unknown after the lease ran out: the expiry is all there is to record
+                UPDATE ledger.operations AS t SET
+                    status = 'unknown', updated_at = now, chain_seq = seq, chain_hash = head
+                WHERE t.tenant_id = complete.tenant AND t.operation_id = complete.operation_id
+                RETURNING * INTO op;
+            END IF;
+            RETURN;
+        END IF;
+        -- The attempt's first diagnostics: recorded below as any report of unknown is, a `completed`
+        -- event (unknown -> unknown) with its incident (migration 0024; until then they were dropped
+        -- when the lease had run out or the sweep had come first, and the answer carried no incident).
     END IF;
     -- Record the reported outcome (the same settlement as ledger.resolve's). A committed outcome
     -- keeps its receipt, a not_applied one its reason (API.md section 6): the rule lives here, not in

@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from effect_ledger.db.diagnostics import IncidentRecorder
+from effect_ledger.settings import Settings
 from support.auth import auth
+from support.ledger import AUDITOR, expire_lease, get
 from support.server import Service
 from support.waiting import until
 
@@ -323,3 +325,37 @@ async def test_concurrent_reads_each_leave_exactly_one_row(client: httpx.AsyncCl
     assert [a.status_code for a in answers] == [200] * 8
     rows = await owner_query(db_url, "SELECT count(DISTINCT access_id) AS n FROM diagnostics.access_log")
     assert rows[0]["n"] == 8
+
+
+@pytest.mark.parametrize("how", ["lease ran out", "swept"])
+async def test_unknown_reported_with_diagnostics_after_the_lease_ran_out_keeps_them(
+    client: httpx.AsyncClient, db_url: str, settings: Settings, how: str
+) -> None:
+    """API.md section 6: `diagnostics` may ride along with complete(unknown) "and the answer then
+    carries `incident`" — also when the operation is unknown already because its lease ran out (swept
+    or not). Until round 24 (migration 0024) the answer was 200 without `incident`, and nothing was
+    stored. A repeat names the same incident and records nothing more."""
+    from effect_ledger.db.maintenance import sweep
+
+    token = await submitted(client, "op-late")
+    await expire_lease(db_url, "op-late")
+    if how == "swept":
+        await sweep(settings)
+    report = {"token": token, "outcome": "unknown", "diagnostics": DIAGNOSTICS}
+    r = await client.post("/v1/operations/op-late/complete", json=report, headers=auth())
+    assert (r.status_code, r.json()["status"]) == (200, "unknown"), r.text
+    incident = r.json()["incident"]
+    again = await client.post("/v1/operations/op-late/complete", json=report, headers=auth())
+    assert (again.status_code, again.json()["incident"]) == (200, incident)
+    events = (await get(client, "/v1/operations/op-late/events", **AUDITOR)).json()["items"]
+    assert [(e["kind"], e["to_status"]) for e in events][-2:] == [
+        ("lease_expired", "unknown"),
+        ("completed", "unknown"),
+    ]
+    assert events[-1]["data"] == {"incident": incident, "outcome": "unknown"}
+    rows = await owner_query(
+        db_url, "SELECT incident_id, attempt FROM diagnostics.incidents WHERE operation_id = 'op-late'"
+    )
+    assert [tuple(row) for row in rows] == [(incident, 1)]
+    verified = (await get(client, "/v1/audit/verify", {"operation_id": "op-late"}, **AUDITOR)).json()
+    assert verified["ok"] is True
