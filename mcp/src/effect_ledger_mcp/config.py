@@ -16,7 +16,7 @@ SEPARATOR = "__"  # exposed tool names are `server__tool`
 STATUS_TOOL = "effect_ledger__status"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 MAX_TIMEOUT_SECONDS = 3000.0  # the lease (timeout + margin) must stay within the ledger's 3600 s
-SERVER_NAME = re.compile(r"^[A-Za-z0-9.-](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9.-])?$")
+SERVER_NAME = re.compile(r"^[A-Za-z0-9.-](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9.-])?\Z")
 
 
 class ConfigError(ValueError):

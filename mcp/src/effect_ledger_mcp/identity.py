@@ -18,7 +18,7 @@ OPERATION_ID_META = "effect-ledger/operation_id"
 RUN_ID_META = "effect-ledger/run_id"
 OPERATION_META = "effect-ledger/operation"
 REPLAYED_META = "effect-ledger/replayed"
-OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
+OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}\Z")
 DERIVED_PREFIX = "mcp-"
 DERIVED_HEX = 48
 

@@ -27,7 +27,7 @@ Source = Literal["report", "error", "outcome"]
 ALLOWED_HEADERS: Final = frozenset({"retry-after", "request-id", "x-request-id"})
 ALLOWED_HEADER_PREFIX: Final = "x-ratelimit-"
 HEADER_PROBLEM: Final = "name is not one of retry-after, request-id, x-request-id, x-ratelimit-*"
-INCIDENT_ID = re.compile(r"^inc_[A-Za-z0-9_-]{16,64}$")
+INCIDENT_ID = re.compile(r"^inc_[A-Za-z0-9_-]{16,64}\Z")
 PURPOSE_MIN, PURPOSE_MAX = 3, 200
 
 

@@ -56,7 +56,7 @@ def tile_path(ref: TileRef) -> str:
     return f"tile/{level}/{encode_index(ref.index)}{suffix}"
 
 
-_PATH = re.compile(r"^tile/(entries|0|[1-9][0-9]?)/((?:x[0-9]{3}/)*[0-9]{3})(?:\.p/([1-9][0-9]{0,2}))?$")
+_PATH = re.compile(r"^tile/(entries|0|[1-9][0-9]?)/((?:x[0-9]{3}/)*[0-9]{3})(?:\.p/([1-9][0-9]{0,2}))?\Z")
 
 
 def parse_tile_path(path: str) -> TileRef | None:

@@ -153,9 +153,13 @@ class TokenVerifier:
             raise _unauthenticated("The bearer token's tenant or subject is missing or malformed.")
         if not isinstance(scope, str):
             raise _unauthenticated("The bearer token's scope is not a string.")
-        issued, expires = claims["iat"], claims["exp"]  # both required; PyJWT checked they are numbers
-        # bool is an int in Python, and no time at all here
-        if isinstance(issued, bool) or isinstance(expires, bool) or expires - issued > self.max_ttl:
+        issued, expires = claims["iat"], claims["exp"]  # both required
+        # NumericDate is a JSON number: PyJWT also accepts a string of digits (it calls int() on it),
+        # which made the subtraction below a TypeError and the answer a 500 until round 24; a bool is
+        # an int in Python, and no time at all here
+        if type(issued) not in (int, float) or type(expires) not in (int, float):
+            raise _unauthenticated("The bearer token's iat or exp is not a number.")
+        if expires - issued > self.max_ttl:
             raise _unauthenticated("The bearer token lives longer than this service accepts.")
         return Caller(tenant, subject, frozenset(scope.split()))
 

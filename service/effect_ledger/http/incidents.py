@@ -29,8 +29,8 @@ log = structlog.get_logger("effect_ledger.incidents")
 
 FLUSH_INTERVAL_SECONDS = 1.0
 SHUTDOWN_FLUSH_SECONDS = 2.0
-_OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
-_METHOD = re.compile(r"^[A-Z]{1,16}$")
+_OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}\Z")
+_METHOD = re.compile(r"^[A-Z]{1,16}\Z")
 
 
 async def store_incident(app_state: Any, incident: Incident) -> None:

@@ -41,7 +41,7 @@ from effect_ledger.http.journal_telemetry import JournalMetrics
 from effect_ledger.http.paging import QueryProblems
 from effect_ledger.http.schemas import StrictBody, strict, strict_convert
 
-SESSION_ID = re.compile(r"^ses_[A-Za-z0-9_-]{22,64}$")
+SESSION_ID = re.compile(r"^ses_[A-Za-z0-9_-]{22,64}\Z")
 SESSION_PATH = "/{session_id:str}"
 LabelKey = Annotated[str, Meta(min_length=1, max_length=100)]
 LabelValue = Annotated[str, Meta(max_length=256)]

@@ -6,7 +6,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Request
@@ -18,6 +18,7 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 MAX_TEXT = 200
 POSITION_DIGITS = 20  # positions are shown zero-padded, so they also sort as strings
+MAX_POSITION = 2**63 - 1  # a bigint: a larger one was a 500 from the database until round 24
 
 
 def format_position(position: int) -> str:
@@ -68,7 +69,9 @@ class QueryProblems:
         """The page size, 1-500, default 100."""
         if not value:
             return DEFAULT_LIMIT
-        if value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_LIMIT:
+        # at most three digits before int(): Python refuses to convert more than 4,300 (a 500 until
+        # round 24)
+        if value.isascii() and value.isdigit() and len(value) <= 3 and 1 <= int(value) <= MAX_LIMIT:
             return int(value)
         self.errors.append(("limit", f"must be an integer from 1 to {MAX_LIMIT}"))
         return DEFAULT_LIMIT
@@ -86,7 +89,12 @@ class QueryProblems:
         """A receipts-feed position (as `position` showed it); empty means absent."""
         if not value:
             return None
-        if value.isascii() and value.isdigit() and len(value) <= POSITION_DIGITS and int(value) >= 1:
+        if (
+            value.isascii()
+            and value.isdigit()
+            and len(value) <= POSITION_DIGITS
+            and 1 <= int(value) <= MAX_POSITION
+        ):
             return int(value)
         self.errors.append((name, "is not a position of this feed"))
         return None
@@ -119,6 +127,8 @@ def decode_cursor(value: str, kind: str) -> tuple[datetime, str] | None:
         return None
     try:
         parsed = datetime.fromisoformat(moment)
-    except ValueError:
+        # in UTC, where the database compares it: an instant past the calendar there (a forged cursor,
+        # `0001-01-01T00:00:00+05:00`) is no cursor, not a 500 from the database (until round 24)
+        return (parsed.astimezone(UTC), ident) if parsed.tzinfo is not None else None
+    except (ValueError, OverflowError):
         return None
-    return (parsed, ident) if parsed.tzinfo is not None else None

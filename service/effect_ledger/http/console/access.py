@@ -10,7 +10,7 @@ from litestar import Request
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.http.console.session import ConsoleSession, current_session, same
 
-_NEXT = re.compile(r"^/console(/[A-Za-z0-9._:~/-]*)?$")
+_NEXT = re.compile(r"^/console(/[A-Za-z0-9._:~/-]*)?\Z")
 
 
 class CsrfRejected(Exception):
