@@ -33,6 +33,7 @@ from effect_ledger.client import (
 from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.http.auth import ALL_SCOPES
 from support.auth import token
+from support.ledger import owner
 from support.server import Service
 
 ALL = " ".join(ALL_SCOPES)
@@ -260,3 +261,38 @@ async def test_reconcile_resolves_every_unknown_across_pages(service: Service) -
         looked_up.clear()
         again = await ledger.reconcile(lookup, source="effect-system", page_size=2)
         assert sorted(looked_up) == ["op-r4", "op-r5"] and again.seen == 2
+
+
+class LoseFirstReportAnswer(httpx.AsyncBaseTransport):
+    """Forwards every request; the first diagnostics report's answer is lost after the server stored it."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.reports = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path == "/v1/diagnostics" and request.method == "POST":
+            self.reports += 1
+            if self.reports == 1:
+                await response.aread()
+                await response.aclose()
+                raise httpx.ReadError("connection reset after the server answered", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_report_whose_answer_was_lost_is_stored_once(service: Service) -> None:
+    """The client retries a report whose answer was lost; without a `report_id` of the caller's it makes
+    one, so the retry answers the first incident (API.md section 9). Until round 24 it stored two."""
+    transport = LoseFirstReportAnswer()
+    async with client_for(service, transport=transport) as ledger:
+        incident = await ledger.report_incident(Diagnostics(operation_id="op-1", cause="timeout"))
+        assert transport.reports == 2  # the report was sent again after the lost answer
+        again = await ledger.report_incident(Diagnostics(operation_id="op-1", cause="timeout"))
+    assert incident.startswith("inc_") and again != incident  # a new call is a new report
+    async with owner(service.settings.database_url or "") as conn:
+        stored = await conn.fetch("SELECT incident_id FROM diagnostics.incidents WHERE source = 'report'")
+    assert sorted(r["incident_id"] for r in stored) == sorted([incident, again])

@@ -402,7 +402,11 @@ class LedgerClient:
     # -- protected diagnostics (docs/api.md section 9) -------------------------------------------
 
     async def report_incident(self, diagnostics: Diagnostics) -> str:
-        """Store a diagnostics record; returns its incident reference."""
+        """Store a diagnostics record; returns its incident reference. Without a `report_id` one is made
+        here, so that the client's retry of a report whose answer was lost stores nothing twice (API.md
+        section 9; until round 24 such a retry stored the incident again)."""
+        if diagnostics.report_id is None:
+            diagnostics = msgspec.structs.replace(diagnostics, report_id=secrets.token_urlsafe(24))
         response = await self.request("POST", "/v1/diagnostics", body=diagnostics)
         return self.decode(response, _IncidentRef).incident
 

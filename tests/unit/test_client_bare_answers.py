@@ -1,0 +1,42 @@
+"""An error answer without a problem code the client knows (a proxy's page, a WAF's bare status) is
+mapped by its status to that status's general problem. Until round 24 the last code listed for a status
+won: a bare 403 raised ApprovalDenied, a bare 422 UnsupportedSchema, a bare 409 NotYetLogged."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from effect_ledger.client.errors import CLASSES, problem_from_response
+from effect_ledger.domain.errors import PROBLEMS
+
+GENERAL = {
+    400: "malformed_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "invalid_transition",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_failed",
+    429: "rate_limited",
+    431: "headers_too_large",
+    500: "internal",
+    503: "unavailable",
+}
+
+
+def test_every_status_the_service_answers_has_its_general_problem() -> None:
+    assert set(GENERAL) == {status for status, _ in PROBLEMS.values()}
+    assert all(PROBLEMS[code][0] == status for status, code in GENERAL.items())
+
+
+@pytest.mark.parametrize(("status", "code"), sorted(GENERAL.items()))
+@pytest.mark.parametrize("body", ["<html>bare</html>", '{"code": "a_code_this_client_does_not_know"}'])
+def test_a_bare_answer_is_its_statuses_general_problem(status: int, code: str, body: str) -> None:
+    answer = httpx.Response(
+        status, text=body, request=httpx.Request("POST", "http://x/v1/operations/op-1/claim")
+    )
+    assert type(problem_from_response(answer)) is CLASSES[code]
