@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 PREFIX = "EFFECT_LEDGER_"
 
@@ -467,8 +467,12 @@ def shown_value(name: str, value: Any) -> str:
     if name.endswith("_url"):
         parts = urlsplit(str(value))
         if parts.password is not None:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":(hidden)@", 1)
-            return urlunsplit(parts._replace(netloc=netloc))
+            parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":(hidden)@", 1))
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if any(key == "password" for key, _ in query):  # libpq takes it there too (shown until round 24)
+            hidden = [(key, "(hidden)" if key == "password" else v) for key, v in query]
+            parts = parts._replace(query=urlencode(hidden, safe="()/:,"))
+        return urlunsplit(parts)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

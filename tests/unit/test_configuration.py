@@ -126,3 +126,12 @@ def test_witnesses_the_log_could_not_use_are_refused_with_the_reason() -> None:
         with pytest.raises(SettingsError) as raised:
             Settings(**values)
         assert why in str(raised.value), what
+
+
+def test_config_hides_a_password_given_in_the_urls_query() -> None:
+    """libpq takes `?password=` too; until round 24 `effect-ledger config` printed it."""
+    url = "postgresql://owner@db:5432/ledger?sslmode=require&password=s3cr3t-pw"
+    run = _cli({"EFFECT_LEDGER_DATABASE_URL": url}, "config")
+    assert run.returncode == 0, run.stderr
+    shown = "EFFECT_LEDGER_DATABASE_URL=postgresql://owner@db:5432/ledger?sslmode=require&password=(hidden)"
+    assert shown in run.stdout.splitlines() and "s3cr3t-pw" not in run.stdout

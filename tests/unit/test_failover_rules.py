@@ -114,3 +114,20 @@ def test_keepalive_is_on_for_tcp_connections() -> None:
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == failover.KEEPALIVE_IDLE
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == failover.USER_TIMEOUT_MS
+
+
+def test_role_passwords_come_from_the_owners_password_wherever_the_url_carries_it() -> None:
+    """libpq and asyncpg take the user and password from the query too. Until round 24 only the
+    authority's were read: with `?password=`, the role passwords were derived from the user name alone."""
+    in_authority = derived_password("postgresql://owner:s3cret@db1/ledger", "effect_ledger_runtime")
+    in_query = "postgresql://db1/ledger?user=owner&password=s3cret&sslmode=require"
+    assert derived_password(in_query, "effect_ledger_runtime") == in_authority
+    assert (
+        derived_password("postgresql://owner@db1/ledger?password=s3cret", "effect_ledger_runtime")
+        == in_authority
+    )
+    no_password = derived_password("postgresql://owner@db1/ledger", "effect_ledger_runtime")
+    assert (
+        derived_password("postgresql://owner@db1/ledger?password=other", "effect_ledger_runtime")
+        != no_password
+    )

@@ -51,6 +51,16 @@ def _netloc_parts(url: str) -> tuple[str, str, str]:
     return unquote(user), unquote(password), hosts
 
 
+def credentials(url: str) -> tuple[str, str]:
+    """(user, password) of a URL: the authority's, else the `user` and `password` query parameters,
+    which libpq and asyncpg take as well (`postgresql://db/ledger?user=owner&password=…`). Until round
+    24 only the authority's were read: with the password in the query, the role passwords were derived
+    from the user name alone, which anyone who knows it could compute."""
+    user, password, _ = _netloc_parts(url)
+    query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    return user or query.get("user", ""), password or query.get("password", "")
+
+
 def hosts(url: str) -> list[str]:
     """The `host:port` entries a URL names, in order (a socket directory in `?host=` counts as one)."""
     listed = _netloc_parts(url)[2]
@@ -87,6 +97,6 @@ def derived_password(owner_url: str, role: str) -> str:
     host list or a promoted standby must derive the same password (`migrate` against the primary,
     `serve` against `primary,standby` with target_session_attrs).
     """
-    user, password, _ = _netloc_parts(owner_url)
+    user, password = credentials(owner_url)
     key = f"{user}:{password}".encode()
     return hmac.new(key, b"effect-ledger/role-password\0" + role.encode(), hashlib.sha256).hexdigest()
