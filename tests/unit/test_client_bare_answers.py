@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from effect_ledger.client.errors import CLASSES, problem_from_response
+from effect_ledger.client.errors import CLASSES, parse_retry_after, problem_from_response
 from effect_ledger.domain.errors import PROBLEMS
 
 GENERAL = {
@@ -40,3 +40,24 @@ def test_a_bare_answer_is_its_statuses_general_problem(status: int, code: str, b
         status, text=body, request=httpx.Request("POST", "http://x/v1/operations/op-1/claim")
     )
     assert type(problem_from_response(answer)) is CLASSES[code]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("7", 7.0),
+        (" 120 ", 120.0),
+        ("²", None),
+        ("٣", None),
+        ("9" * 5000, None),
+        ("soon", None),
+        (None, None),
+    ],
+)
+def test_retry_after_that_is_no_delay_the_client_can_read_is_none(
+    value: str | None, seconds: float | None
+) -> None:
+    """A Retry-After of non-ASCII digits ("²" is a digit to str.isdigit) or of thousands of digits made
+    the client raise ValueError until round 24; it is unreadable, as any other (the retry's own backoff
+    applies)."""
+    assert parse_retry_after(value) == seconds

@@ -290,8 +290,9 @@ def parse_retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
-        return float(int(text))
+    if text.isdigit():  # ASCII digits only, and few of them: int() raises on "²" (a digit to isdigit)
+        # and on more than 4,300 digits, which made the client raise ValueError until round 24
+        return float(int(text)) if text.isascii() and len(text) <= 12 else None
     try:
         moment = parsedate_to_datetime(text)
     except (TypeError, ValueError):
