@@ -107,3 +107,27 @@ async def test_an_id_purged_twice_while_its_batch_is_checked_raises_no_alarm(
         assert await integrate_twice(conn) == (0, 1, [])
     finally:
         await conn.close()
+
+
+async def test_integration_passes_take_the_tenants_round_robin(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass takes at most TENANTS_A_PASS tenants (1000; 1 here), the next starting after the last one
+    the previous took. Until round 24 the query had no order: with more tenants waiting than that, some
+    stuck (behind the signer, here t1), every pass could take the same ones and starve the rest."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        for tenant in ("t1", "t2", "t3"):
+            await committed(client, "op-0", tenant=tenant)
+    monkeypatch.setattr(receipt_log, "TENANTS_A_PASS", 1)
+    guard = receipt_log.LogGuard(behind={"t1": (0, 5)})  # t1 waits for log-recover: skipped every pass
+    conn = await owner_connection(settings)
+    try:
+        for _ in range(3):
+            await receipt_log.integrate(conn, 50, guard)
+        sizes = await conn.fetch("SELECT tenant_id, size FROM ledger.log_state ORDER BY tenant_id")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in sizes] == [("t2", 1), ("t3", 1)]

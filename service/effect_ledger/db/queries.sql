@@ -667,7 +667,8 @@ WHERE tenant_id = $1 AND session_id IN (
 
 -- name: log_tenants_to_integrate
 -- Tenants with committed receipts not yet in their log: waiting for a position (ledger.feed_pending),
--- or positioned beyond the log's size; across tenants (maintenance scope).
+-- or positioned beyond the log's size; across tenants (maintenance scope). At most $1, round robin: those
+-- after $2 (the last tenant the previous pass took) first, then from the start.
 SELECT tenant_id FROM (
     SELECT DISTINCT p.tenant_id FROM ledger.feed_pending AS p
     UNION
@@ -675,6 +676,7 @@ SELECT tenant_id FROM (
     LEFT JOIN ledger.log_state AS s ON s.tenant_id = c.tenant_id
     WHERE c.last_position > COALESCE(s.size, 0)
 ) AS t
+ORDER BY tenant_id <= $2, tenant_id
 LIMIT $1;
 
 -- name: log_open
