@@ -89,14 +89,38 @@ class TokenVerifier:
         else:
             raise ValueError(f"unsupported JWT algorithm {self.algorithm!r}")
 
-    def _key_for(self, token: str) -> Any:
+    def _keys_for(self, token: str) -> list[Any]:
+        """The keys a token's signature may be checked with: the configured one; of a JWKS, the one its
+        `kid` names, or, without a `kid`, each in turn (until round 24 only the first: while a key
+        rotation put two keys in the set, tokens signed with the second were refused)."""
         if self._jwks is None:
-            return self._key
+            return [self._key]
         kid = jwt.get_unverified_header(token).get("kid")
-        for key in self._jwks.keys:
-            if kid is None or key.key_id == kid:
-                return key.key
-        raise _unauthenticated("The token's key is not known.")
+        keys = [key.key for key in self._jwks.keys if kid is None or key.key_id == kid]
+        if not keys:
+            raise _unauthenticated("The token's key is not known.")
+        return keys
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        """jwt.decode with the first of the token's keys whose signature verifies."""
+        keys = self._keys_for(token)
+        for key in keys[:-1]:
+            try:
+                return self._decode_with(token, key)
+            except jwt.InvalidSignatureError:
+                continue
+        return self._decode_with(token, keys[-1])
+
+    def _decode_with(self, token: str, key: Any) -> dict[str, Any]:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key,
+            algorithms=[self.algorithm],
+            audience=self.audience,
+            issuer=self.issuer,
+            options={"require": REQUIRED_CLAIMS, "verify_iat": True},
+        )
+        return claims
 
     def verify(self, token: str) -> Caller:
         """The caller of a valid token; every failure is the same 401 with a controlled detail.
@@ -132,14 +156,7 @@ class TokenVerifier:
             with warnings.catch_warnings():
                 # a short HS256 secret is reported once at start-up, not on every request
                 warnings.simplefilter("ignore", InsecureKeyLengthWarning)
-                claims = jwt.decode(
-                    token,
-                    self._key_for(token),
-                    algorithms=[self.algorithm],
-                    audience=self.audience,
-                    issuer=self.issuer,
-                    options={"require": REQUIRED_CLAIMS, "verify_iat": True},
-                )
+                claims = self._decode(token)
         except jwt.ExpiredSignatureError:
             raise _unauthenticated("The bearer token has expired.") from None
         except (jwt.PyJWTError, ValueError, TypeError):
