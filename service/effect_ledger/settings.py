@@ -8,7 +8,6 @@ follow from that line.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
@@ -35,18 +34,11 @@ def _witness_problem(witnesses: str, quorum: int) -> str | None:
     """Why LOG_WITNESSES (with LOG_WITNESS_QUORUM) cannot be used, or None: a JSON list of {"url": str,
     "vkey": a signed-note verifier key}, and a quorum no larger than the witnesses (a larger one could
     never be met: no checkpoint would ever count as cosigned, and no proof would ever be served)."""
-    from effect_ledger.domain.note import NoteError, parse_vkey
+    from effect_ledger.domain.witness import parse_witnesses
 
     try:
-        configured = json.loads(witnesses or "[]")
-        if not isinstance(configured, list) or not all(
-            isinstance(w, dict) and isinstance(w.get("url"), str) and isinstance(w.get("vkey"), str)
-            for w in configured
-        ):
-            return f'{PREFIX}LOG_WITNESSES: must be a JSON list of {{"url": …, "vkey": …}}'
-        for w in configured:
-            parse_vkey(w["vkey"])
-    except (ValueError, NoteError) as bad:  # json's errors are ValueErrors
+        configured = parse_witnesses(witnesses)
+    except ValueError as bad:  # json's errors and NoteError are ValueErrors
         return f"{PREFIX}LOG_WITNESSES: {bad}"
     if quorum > len(configured):
         return (

@@ -50,12 +50,11 @@ from effect_ledger.domain.note import (
     note_signed_by,
     parse_checkpoint,
     parse_note,
-    parse_vkey,
 )
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
-from effect_ledger.domain.witness import add_checkpoint_body
+from effect_ledger.domain.witness import add_checkpoint_body, parse_witnesses
 from effect_ledger.settings import Settings
 from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_settings
 
@@ -612,10 +611,7 @@ async def behind_signer(
 ) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     """Every tenant's log state, and the tenants whose database log is smaller than what the signer
     signed for them: tenant -> (database size, signed size)."""
-    async with conn.transaction():
-        await conn.fetchval(sql("maintenance_scope"), "on")
-        rows = {r["tenant_id"]: r for r in await conn.fetch(sql("log_states"))}
-        await conn.fetchval(sql("maintenance_scope"), "off")
+    rows = {r["tenant_id"]: r for r in await _log_states(conn)}
     prefix = origin_prefix + "/"
     behind: dict[str, tuple[int, int]] = {}
     for origin, done in states.items():
@@ -1021,8 +1017,7 @@ class Witnesses:
 
 def witness_config(settings: Settings) -> Witnesses:
     """LOG_WITNESSES (JSON list of {url, vkey}) and LOG_WITNESS_QUORUM (-1: all of them)."""
-    configured = json.loads(settings.log_witnesses or "[]")
-    items = [Witness(str(w["url"]), str(w["vkey"]), parse_vkey(str(w["vkey"]))) for w in configured]
+    items = [Witness(url, vkey, key) for url, vkey, key in parse_witnesses(settings.log_witnesses)]
     quorum = len(items) if settings.log_witness_quorum < 0 else settings.log_witness_quorum
     return Witnesses(items, quorum)
 
@@ -1105,13 +1100,18 @@ async def submit_to_witnesses(
     return missing
 
 
-async def latest_signed(conn: asyncpg.Connection) -> list[tuple[str, int]]:
-    """Every tenant's latest checkpoint in the database, (tenant, size)."""
+async def _log_states(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Every tenant's log state row (log_states), read across tenants in the maintenance scope."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
-        rows = await conn.fetch(sql("log_states"))
+        rows: list[asyncpg.Record] = await conn.fetch(sql("log_states"))
         await conn.fetchval(sql("maintenance_scope"), "off")
-    return [(r["tenant_id"], int(r["signed_size"])) for r in rows if r["signed_size"]]
+    return rows
+
+
+async def latest_signed(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    """Every tenant's latest checkpoint in the database, (tenant, size)."""
+    return [(r["tenant_id"], int(r["signed_size"])) for r in await _log_states(conn) if r["signed_size"]]
 
 
 def _cosignatures(note: str, lines: str, key: Verifier) -> list[str]:

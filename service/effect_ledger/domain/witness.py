@@ -7,6 +7,7 @@ the HTTP status, the body and the new record: every answer code of the spec (400
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,11 +21,24 @@ from effect_ledger.domain.note import (
     note_signed_by,
     parse_checkpoint,
     parse_note,
+    parse_vkey,
     unb64,
 )
 
 MAX_PROOF_LINES = 63
 SIZE_TYPE = "text/x.tlog.size"
+
+
+def parse_witnesses(text: str) -> list[tuple[str, str, Verifier]]:
+    """LOG_WITNESSES: a JSON list of {"url": str, "vkey": a signed-note verifier key}, as (url, vkey,
+    its parsed key); raises ValueError (NoteError for a key) naming what is wrong."""
+    configured = json.loads(text or "[]")
+    if not isinstance(configured, list) or not all(
+        isinstance(w, dict) and isinstance(w.get("url"), str) and isinstance(w.get("vkey"), str)
+        for w in configured
+    ):
+        raise ValueError('must be a JSON list of {"url": …, "vkey": …}')
+    return [(w["url"], w["vkey"], parse_vkey(w["vkey"])) for w in configured]
 
 
 def add_checkpoint_body(old: int, proof: Sequence[bytes], checkpoint_note: str) -> bytes:
