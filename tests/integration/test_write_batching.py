@@ -78,6 +78,16 @@ async def in_flight(batcher: WriteBatcher, what: str) -> None:
     await until(lambda: batcher._inflight, what, holds=lambda k: k == 1)
 
 
+async def waiting_for_the_lock(conn: asyncpg.Connection, what: str) -> None:
+    """A backend of this database waits for a row lock (seen by PostgreSQL, not by the batcher: a
+    statement keeps its place in flight only STALL_SECONDS, a window a loaded machine can miss)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    await until(lambda: conn.fetchval(query), what, holds=lambda k: k == 1)
+
+
 async def queued(batcher: WriteBatcher, n: int) -> None:
     await until(lambda: len(batcher._waiting), f"{n} calls waiting", holds=lambda k: k == n)
 
@@ -265,7 +275,7 @@ async def test_a_statement_stalled_on_a_lock_gives_its_place_to_the_calls_behind
         conn, tx = await hold_row(db_url, "op-held")
         try:
             held = completing(client, "op-held", token)
-            await in_flight(batcher, "the held complete in flight")
+            await waiting_for_the_lock(conn, "the held complete waiting for the row lock")
             codes = [(await claim(client, f"free-{i}")).status_code for i in range(5)]
             assert codes == [201] * 5
             assert not held.done()
