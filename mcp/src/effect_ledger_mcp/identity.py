@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from effect_ledger.domain.canonical import canonical_json, intent_digest
+from effect_ledger.domain.model import OPERATION_ID_PATTERN
 
 OPERATION_ID_META = "effect-ledger/operation_id"
 RUN_ID_META = "effect-ledger/run_id"
 OPERATION_META = "effect-ledger/operation"
 REPLAYED_META = "effect-ledger/replayed"
-OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}\Z")
+OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
 DERIVED_PREFIX = "mcp-"
 DERIVED_HEX = 48
 

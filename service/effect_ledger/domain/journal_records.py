@@ -14,11 +14,12 @@ import msgspec
 from msgspec import Meta, Struct
 
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json
+from effect_ledger.domain.model import OPERATION_ID_PATTERN
 
 NEWEST_SCHEMA = 1  # the newest record schema this service knows
 MAX_BATCH = 100
 Text = Annotated[str, Meta(min_length=1, max_length=200)]
-OperationId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:~-]{1,200}$(?!\n)")]  # as http.schemas.OPERATION_ID
+OperationId = Annotated[str, Meta(pattern=OPERATION_ID_PATTERN)]
 SchemaVersion = Annotated[int, Meta(ge=1)]
 Seq = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 

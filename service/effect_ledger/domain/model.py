@@ -28,6 +28,11 @@ STATUSES: Final = (PENDING, SUBMITTED, COMMITTED, NOT_APPLIED, UNKNOWN)
 TERMINAL: Final = frozenset({COMMITTED, NOT_APPLIED})
 BINDING_FIELDS: Final = ("principal", "tool", "tool_version", "intent_digest")
 DEFAULT_LEASE_SECONDS: Final = 30
+# An operation ID: 1 - 200 characters of [A-Za-z0-9._:~-]. `$(?!\n)`: Python's `$` also matches before a
+# final newline (`op%0A` in a path passed, and the database's check answered 500 until round 24); the
+# lookahead keeps the pattern ECMA-262 for the OpenAPI schema. The service, the journal's records and the
+# MCP gateway all check this one pattern.
+OPERATION_ID_PATTERN: Final = r"^[A-Za-z0-9._:~-]{1,200}$(?!\n)"
 RECEIPT_FIELDS: Final = (
     "external_ref",
     "result_digest",

@@ -24,12 +24,12 @@ from effect_ledger.db.diagnostics import IncidentRecorder
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.pools import SHED_PHASE
 from effect_ledger.domain.diagnostics import Incident, new_incident_id
+from effect_ledger.http.schemas import OPERATION_ID
 
 log = structlog.get_logger("effect_ledger.incidents")
 
 FLUSH_INTERVAL_SECONDS = 1.0
 SHUTDOWN_FLUSH_SECONDS = 2.0
-_OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}\Z")
 _METHOD = re.compile(r"^[A-Z]{1,16}\Z")
 
 
@@ -62,7 +62,7 @@ def error_incident(request: Request[Any, Any, Any], exception_type: str, phase: 
     caller = request.scope.get("effect_ledger.caller")
     path_params = request.scope.get("path_params") or {}
     operation_id = path_params.get("operation_id")
-    if not (isinstance(operation_id, str) and _OPERATION_ID.match(operation_id)):
+    if not (isinstance(operation_id, str) and OPERATION_ID.match(operation_id)):
         operation_id = None
     return Incident(
         tenant=getattr(caller, "tenant", ""),

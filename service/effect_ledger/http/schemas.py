@@ -17,14 +17,13 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json, digest_of_canonical
 from effect_ledger.domain.diagnostics import Cause, Phase
 from effect_ledger.domain.errors import LedgerError, validation_failed
+from effect_ledger.domain.model import OPERATION_ID_PATTERN
 from effect_ledger.domain.timefmt import format_ts, parse_ts
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
 
-# `$(?!\n)`: Python's `$` also matches before a final newline (`op%0A` in a path passed, and the
-# database's check answered 500 until round 24); the lookahead keeps the pattern ECMA-262 for the schema.
-OPERATION_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$(?!\n)")
+OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 MAX_INTENT_BYTES = 64 * 1024
 MAX_RESULT_BYTES = 16 * 1024
