@@ -282,9 +282,11 @@ async def _intact_slice(
             intact.add(row["operation_id"])
             continue
         if chain and row["purged_seq"] != chain[0]["purged_seq"]:
-            checked.purged.add(row["operation_id"])  # purged (again, since round 24: an ID purged once,
-            # claimed anew and committed) between the two reads (a row that stays
-            continue  # half purged, its body kept, is checked as it is on the next pass, and refused)
+            # purged between the two reads, for the first time or again (an ID purged, claimed anew
+            # and committed: round 24); the next pass reads the tombstone. A row that stays half
+            # purged, its body kept, is checked as it is on the next pass, and refused.
+            checked.purged.add(row["operation_id"])
+            continue
         if not chain or not chain_verdict(chain).ok:
             continue
         # the event that recorded the receipt: the last one *into* committed (a `discrepancy` event,
@@ -376,11 +378,8 @@ async def integrate(
     `held` when a tenant's log state was held by another writer (its receipts wait: the next pass
     soon, HELD_RETRY_SECONDS), else `done`. Until round 14 a held tenant counted as caught up, and the
     integrator slept a whole interval after meeting the checkpointer's lock."""
-    async with conn.transaction():
-        await conn.fetchval(sql("maintenance_scope"), "on")
-        found = await conn.fetch(sql("log_tenants_to_integrate"), TENANTS_A_PASS, guard.integrated_after)
-        tenants = [r["tenant_id"] for r in found]
-        await conn.fetchval(sql("maintenance_scope"), "off")
+    found = await _across_tenants(conn, "log_tenants_to_integrate", TENANTS_A_PASS, guard.integrated_after)
+    tenants = [r["tenant_id"] for r in found]
     if len(tenants) == TENANTS_A_PASS:  # more may wait: the next pass starts after the last one here
         guard.integrated_after = tenants[-1]
     full = held = False
@@ -611,7 +610,7 @@ async def behind_signer(
 ) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     """Every tenant's log state, and the tenants whose database log is smaller than what the signer
     signed for them: tenant -> (database size, signed size)."""
-    rows = {r["tenant_id"]: r for r in await _log_states(conn)}
+    rows = {r["tenant_id"]: r for r in await _across_tenants(conn, "log_states")}
     prefix = origin_prefix + "/"
     behind: dict[str, tuple[int, int]] = {}
     for origin, done in states.items():
@@ -1100,18 +1099,20 @@ async def submit_to_witnesses(
     return missing
 
 
-async def _log_states(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    """Every tenant's log state row (log_states), read across tenants in the maintenance scope."""
+async def _across_tenants(conn: asyncpg.Connection, query: str, *args: Any) -> list[asyncpg.Record]:
+    """The rows of a catalogue query that reads across tenants, in the maintenance scope (the integrator's
+    tenants to integrate, every tenant's log state)."""
     async with conn.transaction():
         await conn.fetchval(sql("maintenance_scope"), "on")
-        rows: list[asyncpg.Record] = await conn.fetch(sql("log_states"))
+        rows: list[asyncpg.Record] = await conn.fetch(sql(query), *args)
         await conn.fetchval(sql("maintenance_scope"), "off")
     return rows
 
 
 async def latest_signed(conn: asyncpg.Connection) -> list[tuple[str, int]]:
     """Every tenant's latest checkpoint in the database, (tenant, size)."""
-    return [(r["tenant_id"], int(r["signed_size"])) for r in await _log_states(conn) if r["signed_size"]]
+    states = await _across_tenants(conn, "log_states")
+    return [(r["tenant_id"], int(r["signed_size"])) for r in states if r["signed_size"]]
 
 
 def _cosignatures(note: str, lines: str, key: Verifier) -> list[str]:
