@@ -10,6 +10,7 @@ import httpx
 import msgspec
 
 from effect_ledger.client.models import OperationView
+from effect_ledger.domain.errors import PROBLEMS
 
 __all__ = [
     "CLASSES",
@@ -265,24 +266,24 @@ CLASSES: dict[str, type[LedgerProblem]] = {
     "unavailable": Unavailable,
 }
 # A body without a known code (a proxy's 502 page, a WAF's bare 403) is mapped by its status alone, to
-# the status's general code. Until round 24 the last code listed for a status won: a bare 403 raised
-# ApprovalDenied ("do not run the effect"), a bare 422 UnsupportedSchema, a bare 409 NotYetLogged.
-_BY_STATUS = {
-    400: "malformed_request",
-    401: "unauthenticated",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    409: "invalid_transition",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    422: "validation_failed",
-    429: "rate_limited",
-    431: "headers_too_large",
-    500: "internal",
-    503: "unavailable",
-}
+# the status's general code: its only code in the service's table, or, where several share the status,
+# the general one named here (a new shared status without one fails at import). Until round 24 the last
+# code listed for a status won: a bare 403 raised ApprovalDenied ("do not run the effect"), a bare 422
+# UnsupportedSchema, a bare 409 NotYetLogged.
+_GENERAL_OF_SHARED = {403: "forbidden", 409: "invalid_transition", 422: "validation_failed"}
+
+
+def _general_codes() -> dict[int, str]:
+    codes: dict[int, list[str]] = {}
+    for code, (status, _) in PROBLEMS.items():
+        codes.setdefault(status, []).append(code)
+    return {
+        status: listed[0] if len(listed) == 1 else _GENERAL_OF_SHARED[status]
+        for status, listed in codes.items()
+    }
+
+
+_BY_STATUS = _general_codes()
 
 
 def parse_retry_after(value: str | None) -> float | None:
