@@ -194,6 +194,7 @@ async def log(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> A
                 yield found
 
 
+@pytest.mark.storage_repeat  # no database: the verifier on the specs' examples
 def test_the_verifier_gives_the_specs_own_answers() -> None:
     """The verifier itself, on the specs' examples and on RFC 6962's definitions of the proofs."""
     example = parse_vkey("example.com/foo+530d903a+AekyeRrm56hApGFkyQR4ZCbV54Id2LKaANYcrnKv3U2k")

@@ -151,6 +151,7 @@ async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Serv
         assert swapped.returncode == 1 and "smaller than the old one's" in swapped.stderr, swapped
 
 
+@pytest.mark.storage_repeat  # the scopes and the 409 over the log's reads: the endpoints' own reads run on Citus in the tests around it
 async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: Path) -> None:
     quiet = log_settings(settings, tmp_path)
     async with Service(replace(quiet, log_checkpoint_seconds=3600)) as running, running.client() as client:
@@ -205,6 +206,7 @@ async def edit_receipt(running: Service, operation_id: str) -> None:
         )
 
 
+@pytest.mark.storage_repeat  # the console's pages over the same reads as the endpoints
 async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -227,6 +229,7 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
 
 
+@pytest.mark.storage_repeat  # the client's verification of what the endpoints answer
 async def test_the_client_proves_a_receipt_and_the_logs_growth_against_pinned_keys(
     settings: Settings, tmp_path: Path
 ) -> None:
