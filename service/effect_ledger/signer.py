@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
-import httpx
-
 from effect_ledger.domain.merkle import verify_consistency
 from effect_ledger.domain.note import (
     Checkpoint,
@@ -186,6 +184,8 @@ class RemoteSigner:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx  # only a service with a remote signer: not in every serve process's start
+
         async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
             response = await client.request(method, self.url + path, **kwargs)
         if response.status_code == 401:

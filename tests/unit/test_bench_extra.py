@@ -44,8 +44,9 @@ def test_bench_without_the_bench_package_says_how_to_install_it() -> None:
 
 def test_importing_the_product_never_imports_the_bench_nor_the_migration_tools() -> None:
     # the bench is its own distribution; Alembic, SQLAlchemy and psycopg load only to migrate (they were
-    # half a second of each serve process's start: db/migrate.head_revision reads the files instead)
-    unwanted = ("effect_ledger_bench", "alembic", "sqlalchemy", "psycopg")
+    # half a second of each serve process's start: db/migrate.head_revision reads the files instead);
+    # httpx only to reach witnesses or a remote signer (20 - 45 ms of CPU of each start, round 26)
+    unwanted = ("effect_ledger_bench", "alembic", "sqlalchemy", "psycopg", "httpx")
     probe = (
         "import sys, effect_ledger.cli, effect_ledger.http.app;"
         f" print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(unwanted)!r}))"
