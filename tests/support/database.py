@@ -25,9 +25,10 @@ async def runtime_connection(url: str, role: str = RUNTIME_ROLE) -> asyncpg.Conn
     return await asyncpg.connect(url, user=role, password=derived_password(url, role))
 
 
-def trade_durability_for_speed(url: str) -> None:
-    """Turn off a test server's flushes to disk (reloadable settings, so no restart)."""
+def trade_durability_for_speed(url: str, **more: str) -> None:
+    """Turn off a test server's flushes to disk, and set `more` of its reloadable settings (the Citus
+    lane's nodes: autovacuum=off, .ci/run); reloadable, so no restart."""
     with psycopg.connect(url, autocommit=True) as conn:
-        for name, value in FAST_SERVER_SETTINGS.items():
+        for name, value in {**FAST_SERVER_SETTINGS, **more}.items():
             conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
         conn.execute("SELECT pg_reload_conf()")

@@ -94,19 +94,20 @@ async def migrated_pgdata() -> Path:
 
     `start_serve` copies it into a serve's data directory: that start then does what a restart of an
     existing deployment does (the database at head, so only the role passwords are set) and skips
-    initdb and the migrations, 1.9 of a fresh start's 3 s of CPU (round 26: ~15 starts a run). The
+    initdb and the migrations, 1.9 of a fresh start's 3 s of CPU (round 26: 10 starts a run). The
     first start on an empty data directory stays tested where it is the point: the packaging tests'
     installed `serve`, the README's walkthrough and the demo."""
     from support import early
 
-    seed = early.open_run() / "migrated-pgdata"
+    run = early.open_run()
+    seed = run / "migrated-pgdata"
 
     def make() -> None:
         from effect_ledger.db.embedded import start_embedded, stop_embedded
         from effect_ledger.db.migrate import migrate
         from effect_ledger.settings import Settings
 
-        with (early.open_run() / "migrated-pgdata.lock").open("w") as lock:
+        with (run / "migrated-pgdata.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if (seed / "made").exists():
                 return
@@ -136,7 +137,6 @@ async def start_serve(
         pgdata.parent.mkdir(parents=True, exist_ok=True)
         copied = await asyncio.create_subprocess_exec("cp", "-a", str(await migrated_pgdata()), str(pgdata))
         assert await copied.wait() == 0
-        (pgdata / ".handle_pids.json").unlink(missing_ok=True)  # pgserver's users of the seed's server
     for _ in range(3):
         try:
             return await _start_serve(tmp_path, free_port(), args, command, settings)

@@ -6,7 +6,7 @@ built without its build dependencies' isolation when they are setuptools (this e
 Each venv's install resolves its distribution's requirements from its wheel's metadata against the
 package index with uv (`install`), as a user's `uv pip install` would: uv is in the test venv (the
 README's test command and `[test]` install it), and its cache, filled by that install moments before,
-holds every file, which each venv gets hard-linked. Round 26: 2.2 s of CPU for the five venvs where
+holds every file, which each venv gets hard-linked. Round 26: 2.4 s of CPU for the five venvs where
 pip took 26 (a `pip download` of everything once, 11.5 s, then five offline installs, 15.4 s).
 """
 
