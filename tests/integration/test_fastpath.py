@@ -9,22 +9,17 @@ timestamps, request IDs) masked.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from dataclasses import replace
 from typing import Any
 
 import httpx
-from opentelemetry.sdk.trace import TracerProvider
 
-from effect_ledger import tracing
-from effect_ledger.http.fastpath import ExecutorFastPath, direct_entry
-from effect_ledger.http.server import Connection, Worker
+from effect_ledger.http.fastpath import ExecutorFastPath
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.server import Service
-from support.transport import Transport
 
 EXEC = auth("t1", "exec-1", "ledger:execute")
 OTHER = auth("t1", "exec-2", "ledger:execute")
@@ -148,125 +143,3 @@ async def test_a_bad_token_is_refused_from_memory_the_second_time(service: Servi
         )
     assert first.status_code == second.status_code == 401
     assert first.json() == second.json() and first.headers["www-authenticate"] == "Bearer"
-
-
-class Signalling(Transport):
-    """A recording transport that signals each write."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wrote = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        super().write(data)
-        self.wrote.set()
-
-
-class Counting:
-    """The ASGI app, with the HTTP requests that reach it counted."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.paths: list[str] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.paths.append(scope["path"])
-        await self.app(scope, receive, send)
-
-
-Request = tuple[str, str, bytes, dict[str, str]]  # operation, call, body (with <token>), headers
-
-
-async def through_own_server(
-    service: Service, requests: list[Request], direct: bool, prefix: str
-) -> tuple[list[Any], list[str]]:
-    """Raw requests through serve's own server (http.server) on a recording transport, with the app's
-    direct entry (as `serve` runs it) or without: the answers (status line, headers but the date and
-    the request ID, body masked) and the paths that reached the ASGI app."""
-    counting = Counting(service.app)
-    entry = direct_entry(service.app) if direct else None
-    assert direct is (entry is not None)  # the app as http.app builds it has one
-    worker = Worker(
-        counting, {}, max_body_bytes=service.settings.max_body_bytes, keep_alive_seconds=5,
-        request_timeout_seconds=5, direct=entry,
-    )  # fmt: skip
-    connection = Connection(worker)
-    transport = Signalling()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    answers: list[Any] = []
-    claim_token = ""
-    for op, call, body, headers in requests:
-        transport.wrote.clear()
-        path = f"/v1/operations/{prefix}-{op}/{call}"
-        connection.data_received(_post(path, body.replace(b"<token>", claim_token.encode()), headers))
-        async with asyncio.timeout(30):
-            await transport.wrote.wait()
-        head, _, answer = transport.written[-1].partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        named = [line.replace(prefix.encode(), b"<prefix>") for line in lines[1:]]
-        kept = [line for line in named if not line.startswith((b"date: ", b"x-request-id: "))]
-        content = json.loads(answer)
-        if isinstance(content, dict) and isinstance(content.get("claim"), dict):
-            claim_token = content["claim"]["token"]
-        answers.append((lines[0], kept, _masked(content, claim_token or "<none>", prefix)))
-    return answers, counting.paths
-
-
-def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
-    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (
-        f"POST {path} HTTP/1.1\r\nhost: x\r\n{head}"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-async def test_serves_own_server_hands_executor_calls_over_directly_with_the_same_answers(
-    settings: Settings,
-) -> None:
-    """`serve`'s own server gives the executor calls to the app's direct entry (no ASGI messages): the
-    answers are the ASGI path's to the byte (but the date, the request ID, tokens and times), and only
-    a body that does not decode into its struct enters the app through its ASGI entry (where the fast
-    path admits the caller and hands it to Litestar, as under any server)."""
-    claim = json.dumps(CLAIM).encode()
-    replayable = json.dumps({**CLAIM, "client_nonce": "nonce-0123456789abcdef"}).encode()
-    done = b'{"token": "<token>", "outcome": "committed", "receipt": {"external_ref": "x"}}'
-    requests: list[Request] = [
-        ("a", "claim", replayable, EXEC),
-        ("a", "claim", replayable, EXEC),  # replayed
-        ("a", "submit", b'{"token": "<token>", "effect_ref": "r-1"}', EXEC),
-        ("a", "complete", done, EXEC),
-        ("a", "claim", claim, EXEC),  # reuse_receipt
-        ("b", "claim", b'{"tool": "t"}', EXEC),  # does not decode: Litestar's 422
-        ("b", "claim", claim, READER),  # 403
-        ("b", "claim", claim, {}),  # 401
-    ]
-    async with Service(settings) as service:
-        direct, direct_paths = await through_own_server(service, requests, True, "own-dir")
-    async with Service(settings) as service:
-        asgi, asgi_paths = await through_own_server(service, requests, False, "own-asg")
-    assert [status for status, _, _ in direct] == [
-        b"HTTP/1.1 201 Created", b"HTTP/1.1 201 Created", b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK",
-        b"HTTP/1.1 200 OK", b"HTTP/1.1 422 Unprocessable Entity", b"HTTP/1.1 403 Forbidden",
-        b"HTTP/1.1 401 Unauthorized",
-    ]  # fmt: skip
-    assert direct == asgi
-    assert direct_paths == ["/v1/operations/own-dir-b/claim"]
-    assert asgi_paths == [f"/v1/operations/own-asg-{op}/{call}" for op, call, _, _ in requests]
-
-
-async def test_while_tracing_the_own_servers_executor_calls_take_the_asgi_path(settings: Settings) -> None:
-    """The server span is the ASGI path's (http.telemetry): with tracing on, the direct entry declines
-    and the request enters the app through its ASGI entry."""
-    provider = TracerProvider()
-    tracing.use_provider(provider)
-    try:
-        async with Service(settings) as service:
-            answers, paths = await through_own_server(
-                service, [("a", "claim", json.dumps(CLAIM).encode(), EXEC)], True, "own-trc"
-            )
-    finally:
-        tracing.use_provider(None)
-        provider.shutdown()
-    assert [status for status, _, _ in answers] == [b"HTTP/1.1 201 Created"]
-    assert paths == ["/v1/operations/own-trc-a/claim"]

@@ -9,7 +9,45 @@ from typing import Any
 import pytest
 
 from effect_ledger.http.server import Connection, Worker
-from support.transport import Transport
+
+
+class Transport:
+    """Records writes and the reading state, as a uvloop TCP transport would see them."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.reading = True
+        self.closed = False
+        self.eof = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 8000 if name == "sockname" else 50000)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        assert self.reading
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        assert not self.reading
+        self.reading = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
 
 def get(path: str) -> bytes:
@@ -135,58 +173,3 @@ async def test_a_streamed_answer_to_http_10_ends_with_the_connection(version: st
         assert transport.closed
     else:
         assert transport.written[1:] == [b"1\r\nb\r\n", b"0\r\n\r\n"] and not transport.closed
-
-
-class Direct:
-    """A worker's direct entry (http.fastpath.DirectEntry's shape) that records what it is handed and
-    answers the paths it is told to, through the whole-answer function."""
-
-    def __init__(self, answers: dict[str, bool]) -> None:
-        self.answers = answers
-        self.handed: list[tuple[str, bytes]] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, whole: Any, body: bytes) -> bool:
-        self.handed.append((scope["path"], body))
-        if not self.answers.get(scope["path"], False):
-            return False
-        whole(201, [(b"content-type", b"application/json"), (b"content-length", b"2")], b"{}")
-        return True
-
-
-async def test_a_whole_post_is_handed_to_the_direct_entry_and_answered_in_one_write() -> None:
-    routed: list[str] = []
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        routed.append(scope["path"])
-        body = (await receive())["body"]  # what the direct entry left: the whole body, once
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
-
-    direct = Direct({"/direct": True})
-    worker = Worker(
-        app, {}, max_body_bytes=64, keep_alive_seconds=5, request_timeout_seconds=5, direct=direct
-    )
-    connection = Connection(worker)
-    transport = Transport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-
-    def post(path: str, body: bytes, framing: str = "") -> bytes:
-        framing = framing or f"content-length: {len(body)}\r\n"
-        return f"POST {path} HTTP/1.1\r\nhost: x\r\n{framing}\r\n".encode() + body
-
-    connection.data_received(post("/direct", b"ab") + post("/declined", b"cd"))  # pipelined: in order
-    await settle()
-    connection.data_received(get("/got") + post("/direct", b"x" * 65))  # a GET; a body over the limit
-    await settle()
-    connection.data_received(post("/direct", b"2\r\nef\r\n0\r\n\r\n", "transfer-encoding: chunked\r\n"))
-    await settle()
-    # handed over: only POSTs whose whole body was read before the app runs; declined: the app's
-    assert direct.handed == [("/direct", b"ab"), ("/declined", b"cd")]
-    assert routed == ["/declined", "/got", "/direct", "/direct"]
-    first = transport.written[0]
-    head, _, body = first.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    assert lines[:3] == [b"HTTP/1.1 201 Created", b"content-type: application/json", b"content-length: 2"]
-    assert lines[3].startswith(b"date: ") and len(lines) == 4 and body == b"{}"
-    assert transport.written[1].endswith(b"\r\n\r\ncd")  # the declined request's body reached the app
-    assert len(transport.written) == 5 and not transport.closed

@@ -24,7 +24,6 @@ import msgspec
 from litestar import Request
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from effect_ledger import tracing
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.http.auth import ADMITTED_KEY, CALLER_KEY, EXECUTE, admit, paced
@@ -39,14 +38,7 @@ from effect_ledger.http.executor import (
 )
 from effect_ledger.http.problems import EXCEPTION_HANDLERS, problem_body, problem_headers
 from effect_ledger.http.schemas import OPERATION_ID, ClaimBody, CompleteBody, HeartbeatBody, SubmitBody
-from effect_ledger.http.telemetry import (
-    EXCHANGE_KEY,
-    PROBLEM_CODE_KEY,
-    ROUTE_KEY,
-    Exchange,
-    RequestTelemetry,
-    WholeAnswer,
-)
+from effect_ledger.http.telemetry import EXCHANGE_KEY, PROBLEM_CODE_KEY, ROUTE_KEY, Exchange
 
 PREFIX = "/v1/operations/"
 _JSON = (b"content-type", b"application/json")
@@ -174,13 +166,6 @@ class ExecutorFastPath:
         if found is None:
             await self.app(scope, receive, send)
             return
-        await self.serve(scope, receive, send, found)
-
-    async def serve(
-        self, scope: Scope, receive: Receive, send: Send, found: tuple[Route, str], data: Any = None
-    ) -> None:
-        """Answer the executor call `found` (match's answer). `data`: its body already decoded (by
-        DirectEntry, from the body serve's own server read whole); None: read from `receive`."""
         route, operation_id = found
         state = scope["app"].state
         scope["path_params"] = {"operation_id": operation_id}
@@ -192,12 +177,11 @@ class ExecutorFastPath:
             await send_problem(scope, send, await paced(scope, state, refused))  # a flood's 429 is held first
             return
         scope[ADMITTED_KEY] = True  # type: ignore[literal-required]  # the guards do not charge again
-        if data is None:
-            chunks, more = await self._read(scope, receive)
-            data = None if more else self.decoded(chunks, route)
-            if data is None:  # not the plain case: Litestar answers it, exactly as before
-                await self.app(scope, _replaying(chunks, more, receive), send)
-                return
+        chunks, more = await self._read(scope, receive)
+        data = None if more else self._decode(chunks, route)
+        if data is None:  # not the plain case: Litestar answers it, exactly as before
+            await self.app(scope, _replaying(chunks, more, receive), send)
+            return
         try:
             refuse_while_state_log_behind(state)  # as writing_ledger_of does on the routed path
             reply = await route.run(state, state.ledger, caller, operation_id, data)
@@ -230,7 +214,7 @@ class ExecutorFastPath:
             if size > self.max_body_bytes:
                 return chunks, True
 
-    def decoded(self, chunks: list[bytes], route: Route) -> Any:
+    def _decode(self, chunks: list[bytes], route: Route) -> Any:
         """The strictly decoded body, or None for anything Litestar should answer (see the module doc)."""
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if not body or len(body) > self.max_body_bytes:
@@ -249,59 +233,4 @@ class ExecutorFastPath:
         await response.to_asgi_response(app=None, request=request)(scope, receive, send)
 
 
-class DirectEntry:
-    """The executor calls as serve's own HTTP server hands them over (http.server, Worker.direct): the
-    request's scope, its whole body (already read), and a function that writes a whole answer at once.
-    What this skips against the same call through the ASGI app is only plumbing: Litestar's entry, the
-    body's `http.request` message and the answer's two ASGI messages (each looked over again by the
-    server); the request is observed (request ID, summary line, histogram) and answered by the same
-    code (RequestTelemetry.observe, ExecutorFastPath.serve), and every answer is the same to the byte
-    (tests/integration/test_fastpath.py, tests/acceptance/test_rsgi_entry.py). Measured: 3.5 % fewer
-    of the worker's instructions a request (docs/performance.md, round 27). Taken only for the plain
-    case: the server calls the ASGI app for another method or path, a body streamed or over the limit
-    or that does not decode into its struct (the ASGI path then refuses or hands it to Litestar, as
-    before), and while tracing is on (the server span is the ASGI path's)."""
-
-    __slots__ = ("app", "fast", "telemetry")
-
-    def __init__(self, app: Any, telemetry: RequestTelemetry, fast: ExecutorFastPath) -> None:
-        self.app = app  # the Litestar app, set in the scope as its own entry does
-        self.telemetry = telemetry
-        self.fast = fast
-
-    async def __call__(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        whole: WholeAnswer,
-        body: bytes,
-    ) -> bool:
-        """Answer the request if it is an executor call (True); False: the server calls the app."""
-        found = match(scope)
-        if found is None or tracing.active():
-            return False
-        data = self.fast.decoded([body], found[0])
-        if data is None:
-            return False
-        scope["app"] = scope["litestar_app"] = self.app  # as Litestar.__call__ does
-
-        async def inner(scope: Scope, receive: Receive, send: Send) -> None:
-            await self.fast.serve(scope, receive, send, found, data)
-
-        await self.telemetry.observe(scope, receive, send, inner, whole)
-        return True
-
-
-def direct_entry(app: Any) -> DirectEntry | None:
-    """The app's DirectEntry, when it is built as http.app builds it (RequestTelemetry around this
-    module's ExecutorFastPath) and Litestar would not wrap its `send` (no before_send hooks)."""
-    telemetry = getattr(app, "asgi_handler", None)
-    if not isinstance(telemetry, RequestTelemetry) or not isinstance(telemetry.app, ExecutorFastPath):
-        return None
-    if getattr(app, "before_send", None):
-        return None
-    return DirectEntry(app, telemetry, telemetry.app)
-
-
-__all__ = ["CALLER_KEY", "ROUTES", "DirectEntry", "ExecutorFastPath", "direct_entry", "match"]
+__all__ = ["CALLER_KEY", "ROUTES", "ExecutorFastPath", "match"]

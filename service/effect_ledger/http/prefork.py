@@ -297,7 +297,6 @@ async def _watch_parent(parent: int, stopping: asyncio.Event) -> None:
 
 async def _worker(sock: socket.socket, settings: Settings, parent: int) -> int:
     from effect_ledger.http.app import app_from_env
-    from effect_ledger.http.fastpath import direct_entry
     from effect_ledger.http.lifespan import Lifespan
     from effect_ledger.http.server import Connection, Worker
 
@@ -313,7 +312,6 @@ async def _worker(sock: socket.socket, settings: Settings, parent: int) -> int:
         max_body_bytes=settings.max_body_bytes,
         keep_alive_seconds=settings.http_keep_alive_seconds,
         request_timeout_seconds=settings.http_request_timeout_seconds,
-        direct=direct_entry(app),  # type: ignore[arg-type]  # Litestar's ASGI types; the executor calls
     )
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

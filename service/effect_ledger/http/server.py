@@ -47,17 +47,6 @@ from effect_ledger.domain.errors import PROBLEMS
 ASGIApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
 ]
-# A request handed over whole: (scope, receive, send, whole answer, body) -> answered (False: call the app)
-DirectApp = Callable[
-    [
-        dict[str, Any],
-        Callable[[], Awaitable[Any]],
-        Callable[[Any], Awaitable[None]],
-        Callable[[int, list[tuple[bytes, bytes]], bytes], None],
-        bytes,
-    ],
-    Awaitable[bool],
-]
 
 MAX_HEAD_BYTES = 16 * 1024  # the request line and header fields, without their framing
 MAX_HEADER_FIELDS = 100
@@ -136,10 +125,8 @@ class Worker:
         max_body_bytes: int,
         keep_alive_seconds: int,
         request_timeout_seconds: int,
-        direct: DirectApp | None = None,
     ) -> None:
         self.app = app
-        self.direct = direct  # the app's executor calls without ASGI's messages (http.fastpath.DirectEntry)
         self.state = state  # the lifespan's state, copied into each request's scope
         self.max_body_bytes = max_body_bytes
         self.keep_alive_ticks = keep_alive_seconds
@@ -244,15 +231,9 @@ class Exchange:
             self.waiter = None
 
     async def run(self) -> None:
-        """Call the app (an executor call with its whole body: the worker's direct entry first); answer
-        500 when it fails (or returns) without an answer."""
-        worker = self.connection.worker
+        """Call the app; answer 500 when it fails (or returns) without an answer."""
         try:
-            direct = worker.direct
-            if direct is None or not self.buffered or self.scope["method"] != "POST":
-                await worker.app(self.scope, self.receive, self.send)
-            elif not await direct(self.scope, self.receive, self.send, self.whole, self._body()):
-                await worker.app(self.scope, self.receive, self.send)
+            await self.connection.worker.app(self.scope, self.receive, self.send)
         except Exception as exc:
             log.error("app_failed", exception_type=type(exc).__name__, path=self.scope["path"])
             self._fail()
@@ -274,32 +255,18 @@ class Exchange:
             self.keep_alive = False
             self.connection.transport.write(problem_answer("internal", "The server failed."))
 
-    def _body(self) -> bytes:
-        body = self.body
-        return body[0] if len(body) == 1 else b"".join(body)
-
-    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A whole answer at once (the direct entry's): what `send` does with its start and its one
-        body message, in one call."""
-        if self.started:
-            raise RuntimeError("ASGI flow error: response already started")
-        self.started = True
-        self.status = status
-        self.headers = headers
-        if self.gone:
-            return
-        head, self.framing = self._head(len(body), False)
-        self.head = True
-        self.connection.transport.write(head if self.framing == b"none" else head + body)
-        self._done()
-
     async def receive(self) -> Any:  # an ASGI message
         """The body (one message when it was buffered; else chunks as they arrive), then
         `http.disconnect` once the client went away or the answer is complete."""
         if self.buffered:
             if not self.delivered:
                 self.delivered = True
-                return {"type": "http.request", "body": self._body(), "more_body": False}
+                body = self.body
+                return {
+                    "type": "http.request",
+                    "body": body[0] if len(body) == 1 else b"".join(body),
+                    "more_body": False,
+                }
         else:
             if not self.continued and not self.gone and not self.started:
                 self.continued = True
@@ -764,12 +731,4 @@ class Connection(asyncio.Protocol):
         self.drainers.clear()
 
 
-__all__ = [
-    "MAX_HEADER_FIELDS",
-    "MAX_HEAD_BYTES",
-    "Connection",
-    "DirectApp",
-    "Exchange",
-    "Worker",
-    "problem_answer",
-]
+__all__ = ["MAX_HEADER_FIELDS", "MAX_HEAD_BYTES", "Connection", "Exchange", "Worker", "problem_answer"]

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -62,22 +62,16 @@ def request_id_chosen(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, bool
     return os.urandom(16).hex(), False  # 32 hex digits (secrets.token_hex(16)), without building a UUID
 
 
-# serve's own HTTP server writes a whole answer (status, headers, body) in one call (http.server)
-WholeAnswer = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
-
-
 class Exchange:
     """One request's answer as the summary line needs it (status, problem code source, end time), and
     the two ways to send it: `send`, the wrapper every ASGI answer goes through (it adds the request ID
     header), and `answer`, for an answer the service builds itself (http.fastpath), which passes the
-    same two messages on without looking them over again, or, given `whole` (the executor calls that
-    serve's own server hands over directly: http.fastpath.DirectEntry), the whole answer in one call."""
+    same two messages on without looking them over again."""
 
-    __slots__ = ("_send", "_whole", "body", "finished", "header", "problem", "status")
+    __slots__ = ("_send", "body", "finished", "header", "problem", "status")
 
-    def __init__(self, send: Send, header: tuple[bytes, bytes], whole: WholeAnswer | None = None) -> None:
+    def __init__(self, send: Send, header: tuple[bytes, bytes]) -> None:
         self._send = send
-        self._whole = whole
         self.header = header  # (x-request-id, the request's ID)
         self.status: int | None = None
         self.problem = False
@@ -113,10 +107,6 @@ class Exchange:
         headers.append((b"content-length", str(len(body)).encode()))
         headers.append(self.header)
         self.status = status
-        if self._whole is not None:
-            self.finished = time.perf_counter()
-            self._whole(status, headers, body)
-            return
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         self.finished = time.perf_counter()
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
@@ -201,16 +191,9 @@ class RequestTelemetry:
         if scope["type"] != "http":  # type: ignore[comparison-overlap]  # lifespan never gets here
             await self.app(scope, receive, send)
             return
-        await self.observe(scope, receive, send, self.app)
-
-    async def observe(
-        self, scope: Scope, receive: Receive, send: Send, inner: ASGIApp, whole: WholeAnswer | None = None
-    ) -> None:
-        """`inner` answering one HTTP request, observed: the wrapped app (ASGI), or an executor call
-        that serve's own server handed over with its body (http.fastpath.DirectEntry, with `whole`)."""
         started = time.perf_counter()
         request_id, chosen = request_id_chosen(scope["headers"])
-        exchange = Exchange(send, (REQUEST_ID_HEADER, request_id.encode("latin-1")), whole)
+        exchange = Exchange(send, (REQUEST_ID_HEADER, request_id.encode("latin-1")))
         scope[EXCHANGE_KEY] = exchange  # type: ignore[literal-required]  # for answers the service builds
         # outcome=None first, so that the value a handler binds is reset with request_id afterwards
         # (structlog's bind_contextvars / reset_contextvars, on its own variables).
@@ -221,20 +204,18 @@ class RequestTelemetry:
                 method = str(scope.get("method", ""))
                 method = method if method in METHODS else "other"
                 with tracing.server_span(method, _trace_headers(scope)) as span:
-                    await self._run(scope, receive, exchange.send, exchange, inner)
+                    await self._run(scope, receive, exchange.send, exchange)
                     self._summarise(scope, exchange, started, span, request_id, chosen)
             else:
-                await self._run(scope, receive, exchange.send, exchange, inner)
+                await self._run(scope, receive, exchange.send, exchange)
                 self._summarise(scope, exchange, started, None, request_id, chosen)
         finally:
             _OUTCOME_VAR.reset(outcome_token)
             _REQUEST_ID_VAR.reset(request_id_token)
 
-    async def _run(
-        self, scope: Scope, receive: Receive, send: Send, exchange: Exchange, inner: ASGIApp
-    ) -> None:
+    async def _run(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         try:
-            await inner(scope, receive, send)
+            await self.app(scope, receive, send)
         except Exception as exc:
             if exchange.status is not None:
                 raise
