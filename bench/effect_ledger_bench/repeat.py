@@ -2,14 +2,15 @@
 PostgreSQL's CPU goes meanwhile (its backends, autovacuum, the rest).
 
 `python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]
-[--analyze-after N] [--variant KEY=VALUE ...]` starts `serve` on one fresh database (embedded, or
+[--analyze-after N] [--lanes] [--variant KEY=VALUE ...]` starts `serve` on one fresh database (embedded, or
 EFFECT_LEDGER_DATABASE_URL's server on this machine) once per round, with the same settings every
 time, drives full effect cycles from the bench's generator (wrk when installed) and prints per round:
 cycles/s, serve's CPU per request, the claim's p50/p99, and PostgreSQL's CPU per cycle split by
 process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young table's
 statistics from the machine's drift. `--variant` sets serve's environment on every second round
 (A, B, A, B, ...): an A/B of one setting against the sitting's drift (`EFFECT_LEDGER_WORKERS=N` there
-sets serve's `--workers` for those rounds).
+sets serve's `--workers` for those rounds). `--lanes` adds where the worker's write lanes were during
+the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in flight, ...).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -37,6 +38,7 @@ import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgse
 
 from effect_ledger_bench.database import Cluster
 from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
+from effect_ledger_bench.lanes import LaneSampler, summary
 from effect_ledger_bench.procs import log_process_cpu_seconds
 from effect_ledger_bench.service import ServiceProcess
 
@@ -147,9 +149,12 @@ async def one_round(
     executors: int,
     seconds: float,
     env: dict[str, str],
+    lanes: bool = False,
 ) -> str:
-    """One serve (with `env` added to its environment), warmed up, then measured; the printed line."""
+    """One serve (with `env` added to its environment), warmed up, then measured; the printed line
+    (with `lanes`, and where the write lanes were during the window)."""
     service = ServiceProcess(url, secret, workers, workdir, env)
+    lane_sampler = LaneSampler(url) if lanes else None
     await service.start()
     try:
         prefix = f"rp-{time.time_ns()}"
@@ -159,13 +164,18 @@ async def one_round(
         if sampler is not None:
             sampler.name_backends(await backend_names(url))
             sampler.take()
+        if lane_sampler is not None:
+            await lane_sampler.start()
         started = time.perf_counter()
         result = await gen.cycles(executors, 0.0, seconds, prefix)
         wall = time.perf_counter() - started
+        lane_line = "" if lane_sampler is None else f"; {summary(await lane_sampler.stop())}"
         user1, system1, _ = tree_counters(service.pid)
         log1 = log_process_cpu_seconds(service.pid) or 0.0
         spent = sampler.take() if sampler is not None else defaultdict(float)
     finally:
+        if lane_sampler is not None:
+            await lane_sampler.stop()  # (again: a no-op once stopped)
         await service.stop()
     cycles = result.cycles or 1
     serve_us = (user1 - user0 + system1 - system0) / (result.requests or 1) * 1e6
@@ -178,7 +188,7 @@ async def one_round(
         f"{serve_us:.0f} us CPU per request, its log process {log_us:.0f} us per cycle; "
         f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"load average {os.getloadavg()[0]:.2f}{lane_line}"
     )
 
 
@@ -220,7 +230,13 @@ def parse_variant(pairs: Sequence[str]) -> dict[str, str]:
 
 
 async def main(
-    rounds: int, seconds: float, workers: int, executors: int, analyze_after: int, variant: dict[str, str]
+    rounds: int,
+    seconds: float,
+    workers: int,
+    executors: int,
+    analyze_after: int,
+    variant: dict[str, str],
+    lanes: bool = False,
 ) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
@@ -236,7 +252,7 @@ async def main(
             await cluster.settle()  # no round pays for the last one's vacuum or a timed checkpoint
             # serve's --workers flag wins over its environment: a variant's worker count goes to the flag
             count = int(env.get("EFFECT_LEDGER_WORKERS", workers))
-            line = await one_round(url, secret, workdir, sampler, count, executors, seconds, env)
+            line = await one_round(url, secret, workdir, sampler, count, executors, seconds, env, lanes)
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
             if n + 1 == analyze_after:
@@ -259,6 +275,9 @@ def cli() -> None:
         "--analyze-after", type=int, default=0, help="ANALYZE the ledger's tables after this round (0: never)"
     )
     parser.add_argument(
+        "--lanes", action="store_true", help="sample where the worker's write lanes are (pg_stat_activity)"
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -267,7 +286,9 @@ def cli() -> None:
     )
     args = parser.parse_args()
     variant = parse_variant(args.variant)
-    asyncio.run(main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after, variant))
+    asyncio.run(
+        main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after, variant, args.lanes)
+    )
 
 
 if __name__ == "__main__":
