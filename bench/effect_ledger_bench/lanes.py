@@ -54,20 +54,27 @@ def lane_state(wait_event_type: str | None, wait_event: str | None) -> str:
     return f"{wait_event_type}: {wait_event}"
 
 
-def combination(states: Iterable[str]) -> str:
-    """One sample's lanes as one label: `none in flight`, `CPU`, `CPU + WAL flush`, ... (sorted)."""
-    ordered = sorted(states)
-    return " + ".join(ordered) if ordered else IDLE
+Combination = tuple[str, ...]  # one sample: the states of the lanes in flight, sorted
 
 
-def summary(counts: Counter[str], top: int = 6) -> str:
+def combination(states: Iterable[str]) -> Combination:
+    """One sample's lanes, sorted (the same lanes in any order are one combination)."""
+    return tuple(sorted(states))
+
+
+def label(lanes: Combination) -> str:
+    """A combination as the line shows it: `none in flight`, `CPU`, `CPU + WAL flush`, ..."""
+    return " + ".join(lanes) if lanes else IDLE
+
+
+def summary(counts: Counter[Combination], top: int = 6) -> str:
     """The most frequent combinations with their shares of the samples, and the mean of lanes in
     flight; `no samples` when there were none."""
     samples = sum(counts.values())
     if not samples:
         return "lanes: no samples"
-    in_flight = sum(0 if label == IDLE else (label.count(" + ") + 1) * n for label, n in counts.items())
-    shares = ", ".join(f"{label} {n / samples:.0%}" for label, n in counts.most_common(top))
+    in_flight = sum(len(lanes) * n for lanes, n in counts.items())
+    shares = ", ".join(f"{label(lanes)} {n / samples:.0%}" for lanes, n in counts.most_common(top))
     return f"lanes ({samples:,} samples, {in_flight / samples:.2f} in flight on average): {shares}"
 
 
@@ -78,7 +85,7 @@ class LaneSampler:
         self.url = url
         self.application = application
         self.every = every
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[Combination] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._running = False
 
@@ -87,7 +94,7 @@ class LaneSampler:
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._run(conn))
 
-    async def stop(self) -> Counter[str]:
+    async def stop(self) -> Counter[Combination]:
         """Stop sampling; the combinations counted."""
         self._running = False
         if self._task is not None:
