@@ -209,3 +209,22 @@ SELECT f.feed_position AS feed_position, o.resolved_at
 FROM ledger.operations AS o
 LEFT JOIN ledger.feed AS f ON f.tenant_id = o.tenant_id AND f.operation_id = o.operation_id
 WHERE o.tenant_id = $1 AND o.status = 'committed' AND o.resolved_at >= $2;
+
+-- name: bench_statements_enable
+-- pg_stat_statements' view in this database (repeat --statements); the server must preload the library.
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+
+-- name: bench_statements_reset
+-- Forget what this database's statements did so far (every user, every statement of it).
+SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0);
+
+-- name: bench_statements_read
+-- What this database's statements did since the reset, the costliest first: the view's own figures,
+-- nested statements (track = all) beside the top-level ones that ran them (`toplevel`); not the
+-- bench's own reset and read.
+SELECT s.toplevel, s.calls, s.total_exec_time AS exec_ms, s.rows, s.shared_blks_hit + s.shared_blks_read AS buffers,
+       s.wal_bytes, s.query
+FROM pg_stat_statements AS s
+WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND s.query NOT LIKE '%pg_stat_statements%'  -- the reset and this read, the bench's own
+ORDER BY s.total_exec_time DESC;

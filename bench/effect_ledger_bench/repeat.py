@@ -2,15 +2,17 @@
 PostgreSQL's CPU goes meanwhile (its backends, autovacuum, the rest).
 
 `python -m effect_ledger_bench.repeat [--rounds 4] [--seconds 10] [--workers 1] [--executors 16]
-[--analyze-after N] [--lanes] [--variant KEY=VALUE ...]` starts `serve` on one fresh database (embedded, or
-EFFECT_LEDGER_DATABASE_URL's server on this machine) once per round, with the same settings every
-time, drives full effect cycles from the bench's generator (wrk when installed) and prints per round:
-cycles/s, serve's CPU per request, the claim's p50/p99, and PostgreSQL's CPU per cycle split by
-process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young table's
-statistics from the machine's drift. `--variant` sets serve's environment on every second round
+[--analyze-after N] [--lanes] [--statements] [--variant KEY=VALUE ...]` starts `serve` on one fresh
+database (embedded, or EFFECT_LEDGER_DATABASE_URL's server on this machine) once per round, with the
+same settings every time, drives full effect cycles from the bench's generator (wrk when installed) and
+prints per round: cycles/s, serve's CPU per request, the claim's p50/p99, and PostgreSQL's CPU per cycle
+split by process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young
+table's statistics from the machine's drift. `--variant` sets serve's environment on every second round
 (A, B, A, B, ...): an A/B of one setting against the sitting's drift (`EFFECT_LEDGER_WORKERS=N` there
 sets serve's `--workers` for those rounds). `--lanes` adds where the worker's write lanes were during
 the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in flight, ...).
+`--statements` adds what each statement did per cycle in the window, the receipts log's beside the write
+path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -41,6 +43,7 @@ from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
 from effect_ledger_bench.lanes import LaneSampler, summary
 from effect_ledger_bench.procs import log_process_cpu_seconds
 from effect_ledger_bench.service import ServiceProcess
+from effect_ledger_bench.statements import Statements, report
 
 SAMPLE_SECONDS = 0.1
 # PostgreSQL's auxiliary processes, by the first words of their title (`postgres: walwriter`)
@@ -150,9 +153,11 @@ async def one_round(
     seconds: float,
     env: dict[str, str],
     lanes: bool = False,
+    statements: Statements | None = None,
 ) -> str:
     """One serve (with `env` added to its environment), warmed up, then measured; the printed line
-    (with `lanes`, and where the write lanes were during the window)."""
+    (with `lanes`, and where the write lanes were during the window; with `statements`, and the lines
+    of what the database's statements did in the window, per cycle)."""
     service = ServiceProcess(url, secret, workers, workdir, env)
     lane_sampler = LaneSampler(url) if lanes else None
     await service.start()
@@ -166,10 +171,13 @@ async def one_round(
             sampler.take()
         if lane_sampler is not None:
             await lane_sampler.start()
+        if statements is not None:
+            await statements.reset()
         started = time.perf_counter()
         result = await gen.cycles(executors, 0.0, seconds, prefix)
         wall = time.perf_counter() - started
         lane_line = "" if lane_sampler is None else f"; {summary(await lane_sampler.stop())}"
+        counted = [] if statements is None else await statements.read(result.cycles)
         user1, system1, _ = tree_counters(service.pid)
         log1 = log_process_cpu_seconds(service.pid) or 0.0
         spent = sampler.take() if sampler is not None else defaultdict(float)
@@ -189,7 +197,7 @@ async def one_round(
         f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}{lane_line}"
-    )
+    ) + "".join(f"\n{line}" for line in (report(counted) if statements is not None else []))
 
 
 async def backend_names(url: str) -> dict[int, str]:
@@ -237,12 +245,16 @@ async def main(
     analyze_after: int,
     variant: dict[str, str],
     lanes: bool = False,
+    statements: bool = False,
 ) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
     sampler = Sampler(cluster.postmaster) if cluster.postmaster is not None else None
     try:
         url = await cluster.create("effect_ledger_repeat")
+        counter = Statements(url) if statements else None
+        if counter is not None:
+            await counter.enable()  # StatementsUnavailable (the server does not preload it) ends the run
         print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
         if sampler is not None:
             sampler.start()
@@ -252,7 +264,9 @@ async def main(
             await cluster.settle()  # no round pays for the last one's vacuum or a timed checkpoint
             # serve's --workers flag wins over its environment: a variant's worker count goes to the flag
             count = int(env.get("EFFECT_LEDGER_WORKERS", workers))
-            line = await one_round(url, secret, workdir, sampler, count, executors, seconds, env, lanes)
+            line = await one_round(
+                url, secret, workdir, sampler, count, executors, seconds, env, lanes, counter
+            )
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
             if n + 1 == analyze_after:
@@ -278,6 +292,11 @@ def cli() -> None:
         "--lanes", action="store_true", help="sample where the worker's write lanes are (pg_stat_activity)"
     )
     parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="per round, what each statement did per cycle (pg_stat_statements: a server that preloads it)",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -287,7 +306,16 @@ def cli() -> None:
     args = parser.parse_args()
     variant = parse_variant(args.variant)
     asyncio.run(
-        main(args.rounds, args.seconds, args.workers, args.executors, args.analyze_after, variant, args.lanes)
+        main(
+            args.rounds,
+            args.seconds,
+            args.workers,
+            args.executors,
+            args.analyze_after,
+            variant,
+            args.lanes,
+            args.statements,
+        )
     )
 
 
