@@ -195,8 +195,10 @@ FROM updated;
 
 -- name: bench_log_size
 -- Tenant $1's log size and the database's clock: sampled under load, and by loglag.settle (a
--- primary-key read).
-SELECT clock_timestamp() AS at, COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged;
+-- primary-key read); `signed`, the size of its latest checkpoint (0: none yet).
+SELECT clock_timestamp() AS at,
+       COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged,
+       COALESCE((SELECT signed_size FROM ledger.log_state WHERE tenant_id = $1), 0) AS signed;
 
 -- name: bench_committed_count
 -- Tenant $1's committed receipts, read only while no load runs (a scan of the tenant's operations).

@@ -41,9 +41,11 @@ import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgse
 from effect_ledger_bench.database import Cluster
 from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
 from effect_ledger_bench.lanes import LaneSampler, summary
+from effect_ledger_bench.loglag import settled_note
 from effect_ledger_bench.procs import log_process_cpu_seconds
 from effect_ledger_bench.service import ServiceProcess
 from effect_ledger_bench.statements import Statements, report
+from effect_ledger_bench.workload import TENANT
 
 SAMPLE_SECONDS = 0.1
 # PostgreSQL's auxiliary processes, by the first words of their title (`postgres: walwriter`)
@@ -154,14 +156,19 @@ async def one_round(
     env: dict[str, str],
     lanes: bool = False,
     statements: Statements | None = None,
+    settle_log: bool = False,
 ) -> str:
     """One serve (with `env` added to its environment), warmed up, then measured; the printed line
     (with `lanes`, and where the write lanes were during the window; with `statements`, and the lines
-    of what the database's statements did in the window, per cycle)."""
+    of what the database's statements did in the window, per cycle; with `settle_log` and the log on,
+    first until the log has integrated and signed every receipt committed before)."""
     service = ServiceProcess(url, secret, workers, workdir, env)
     lane_sampler = LaneSampler(url) if lanes else None
     await service.start()
     try:
+        settled = ""
+        if settle_log and env.get("EFFECT_LEDGER_LOG_ENABLED", "true") != "false":
+            settled = await settled_note(url, TENANT)
         prefix = f"rp-{time.time_ns()}"
         gen = await warmed_up(service, secret, workdir, executors, prefix)
         user0, system0, _ = tree_counters(service.pid)
@@ -196,7 +203,7 @@ async def one_round(
         f"{serve_us:.0f} us CPU per request, its log process {log_us:.0f} us per cycle; "
         f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
-        f"load average {os.getloadavg()[0]:.2f}{lane_line}"
+        f"load average {os.getloadavg()[0]:.2f}{settled}{lane_line}"
     ) + "".join(f"\n{line}" for line in (report(counted) if statements is not None else []))
 
 
@@ -246,6 +253,7 @@ async def main(
     variant: dict[str, str],
     lanes: bool = False,
     statements: bool = False,
+    settle_log: bool = False,
 ) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="effect-ledger-repeat-"))
     cluster = await Cluster.open(os.environ.get("EFFECT_LEDGER_DATABASE_URL"))
@@ -265,7 +273,7 @@ async def main(
             # serve's --workers flag wins over its environment: a variant's worker count goes to the flag
             count = int(env.get("EFFECT_LEDGER_WORKERS", workers))
             line = await one_round(
-                url, secret, workdir, sampler, count, executors, seconds, env, lanes, counter
+                url, secret, workdir, sampler, count, executors, seconds, env, lanes, counter, settle_log
             )
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
@@ -292,6 +300,11 @@ def cli() -> None:
         "--lanes", action="store_true", help="sample where the worker's write lanes are (pg_stat_activity)"
     )
     parser.add_argument(
+        "--settle-log",
+        action="store_true",
+        help="before a round with the receipts log on: wait until it logged and signed the receipts before",
+    )
+    parser.add_argument(
         "--statements",
         action="store_true",
         help="per round, what each statement did per cycle (pg_stat_statements: a server that preloads it)",
@@ -315,6 +328,7 @@ def cli() -> None:
             variant,
             args.lanes,
             args.statements,
+            args.settle_log,
         )
     )
 

@@ -392,8 +392,9 @@ class Bench:
     ) -> None:
         """1g-h. The full service again with one setting changed (natural batching off, the receipts
         log off), in the same run, measured after the main row on the same tables. `settled`: first wait
-        until the receipts log has caught up on the receipts committed while it was off (the log-on-
-        again row: otherwise its window pays the log-off row's integration, counted as the log's cost)."""
+        until the receipts log has caught up on the receipts committed while it was off, and signed them
+        (the log-on-again row: otherwise its window pays the log-off row's integration and checkpoint,
+        counted as the log's cost; loglag.settle)."""
         c = self.config
         service = ServiceProcess(url, self.secret, c.workers, self.workdir, env)
         progress(f"service, {name}: serve with {' '.join(f'{k}={v}' for k, v in env.items())}")

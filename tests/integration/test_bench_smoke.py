@@ -39,16 +39,16 @@ ROWS = [
     rf"1 +Python HTTP floor: lean statements over HTTP, 1 process +[\d,]+ cycles/s +{PER_CYCLE}"
     r".*Python x\d processes, 0 errors; claim p99 [\d.]+ ms",
     rf"1 +full service: serve --workers 1, 16 executors over HTTP +[\d,]+ cycles/s +{LOG_ON_CYCLE}.*0 errors"
-    r"; log caught up in [\d.]+ s first",
+    r"; log caught up and signed in [\d.]+ s first",
     rf"1 +lean yardstick again after the service, pgbench, 16 clients +[\d,]+ cycles/s +{PER_CYCLE}.*0 failed",
     rf"1 +full service, natural batching off \(WRITE_BATCH_MAX=1\), 16 executors +[\d,]+ cycles/s +{LOG_ON_CYCLE}"
     r".*0 errors; claim p99 [\d.]+ ms",
     rf"1 +full service, receipts log off \(LOG_ENABLED=false\), 16 executors +[\d,]+ cycles/s +{PER_CYCLE}"
     r".*0 errors; claim p99 [\d.]+ ms",
     rf"1 +full service, receipts log on again \(LOG_ENABLED=true\), 16 executors +[\d,]+ cycles/s +{LOG_ON_CYCLE}"
-    r".*0 errors; claim p99 [\d.]+ ms; log caught up in [\d.]+ s first",
+    r".*0 errors; claim p99 [\d.]+ ms; log caught up and signed in [\d.]+ s first",
     rf"1 +full service, receipts log on, third row \(LOG_ENABLED=true\), 16 executors +[\d,]+ cycles/s "
-    rf"+{LOG_ON_CYCLE}.*0 errors; claim p99 [\d.]+ ms; log caught up in [\d.]+ s first",
+    rf"+{LOG_ON_CYCLE}.*0 errors; claim p99 [\d.]+ ms; log caught up and signed in [\d.]+ s first",
     rf"1 +full service, receipts log off again \(LOG_ENABLED=false\), 16 executors +[\d,]+ cycles/s "
     rf"+{PER_CYCLE}.*0 errors; claim p99 [\d.]+ ms",
     r"2 +service: claim +[\d,]+ calls/s .*p99 <= 10 ms: (PASS|MISS)",
@@ -86,7 +86,13 @@ ROWS = [
 
 def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
     bench_source = str(Path(__file__).resolve().parents[2] / "bench")  # its own distribution, from source
-    env = {**os.environ, "EFFECT_LEDGER_DATABASE_URL": pg_admin_url, "PYTHONPATH": bench_source}
+    # a checkpoint a second at most: each row with the log on first waits for one over the receipts before
+    env = {
+        **os.environ,
+        "EFFECT_LEDGER_DATABASE_URL": pg_admin_url,
+        "PYTHONPATH": bench_source,
+        "EFFECT_LEDGER_LOG_CHECKPOINT_SECONDS": "1",
+    }
     run = subprocess.run(
         [sys.executable, "-m", "effect_ledger.cli", "bench", "--smoke", "--generator", "python"],
         env=env,
