@@ -294,6 +294,58 @@ async def test_array_lookups_probe_the_key_per_id_whatever_the_statistics(db_url
         await conn.close()
 
 
+async def test_the_integrators_events_lookup_probes_each_ids_events_whatever_the_statistics(
+    db_url: str,
+) -> None:
+    """log_batch_events (round 29: the integrator's batch reads its events without the operation rows):
+    one probe of the events' primary key per ID, on a table never analysed, in both plan modes."""
+    tenant, grown = "t-events", 8000
+    async with owner(db_url) as conn:  # three events an operation, as a committed cycle leaves; no analyse
+        await conn.execute(
+            """
+            INSERT INTO ledger.events (tenant_id, operation_id, seq, at, kind, actor, from_status, to_status,
+                                       attempt, data, prev_hash, hash)
+            SELECT $1, 'op-' || lpad(i::text, 5, '0'), s, $2, 'claimed', 'p', NULL, 'pending', 1, '{}',
+                   repeat('0', 64), repeat('a', 64)
+            FROM generate_series(0, $3 - 1) AS i, generate_series(1, 3) AS s
+            """,
+            tenant,
+            START,
+            grown,
+        )
+        analysed = "SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.events'::regclass"
+        assert await conn.fetchval(analysed) is None
+    wanted = [f"op-{i:05d}" for i in range(0, grown, grown // 64)][:64]
+    conn = await runtime(db_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(f"SELECT set_config('effect_ledger.tenant', '{tenant}', true)")
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = json.loads(
+                    await conn.fetchval(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + sql("log_batch_events"), tenant, wanted
+                    )
+                )
+                shown = json.dumps(plan, indent=1)
+                scans = [
+                    n
+                    for n in nodes(plan[0]["Plan"])
+                    if n["Node Type"] in ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Index Scan")
+                    and (n.get("Relation Name") == "events" or n.get("Index Name", "").startswith("events"))
+                ]
+                assert scans, shown
+                for scan in scans:
+                    assert "operation_id" in scan.get("Index Cond", ""), shown
+                assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) == 3 * len(wanted), shown
+            rows = await conn.fetch(sql("log_batch_events"), tenant, wanted)
+            assert sorted((r["operation_id"], r["seq"]) for r in rows) == [
+                (w, s) for w in wanted for s in (1, 2, 3)
+            ]
+    finally:
+        await conn.close()
+
+
 async def test_the_feed_sequencer_reads_each_pending_row_once_whatever_the_statistics(db_url: str) -> None:
     """feed_assign on a table no analyse has seen yet (a new deployment's first receipts, one tenant's
     backlog): every plan node runs once, so a batch costs what its rows cost. A join of the batch back

@@ -40,6 +40,7 @@ from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
+from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest
@@ -52,7 +53,9 @@ from effect_ledger.domain.note import (
 )
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
+from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
+from effect_ledger.domain.verification import verify_chain
 from effect_ledger.domain.witness import add_checkpoint_body, parse_witnesses
 from effect_ledger.settings import Settings
 from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_settings
@@ -267,44 +270,79 @@ async def _intact_receipts(
 async def _intact_slice(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
 ) -> None:
-    ids = [r["operation_id"] for r in rows]
-    chains: dict[str, list[Mapping[str, Any]]] = {}
-    for row in await conn.fetch(sql("log_batch_chains"), tenant, ids):
-        chains.setdefault(row["operation_id"], []).append(row)
-    for chain in chains.values():  # the query leaves the order to us: each chain by seq
-        if len(chain) > 1:  # (an operation without events has one row, its seq NULL)
+    """The slice's events read, each chain checked against the head and base its row was read with; an
+    operation whose events do not lead there (purged or claimed anew since, an event appended since, or
+    an edit) is judged again with its row read anew (_judged_again)."""
+    events: dict[str, list[Mapping[str, Any]]] = {}
+    for event in await conn.fetch(sql("log_batch_events"), tenant, [r["operation_id"] for r in rows]):
+        events.setdefault(event["operation_id"], []).append(event)
+    doubtful = []
+    for row in rows:
+        if row["receipt"] is None:  # a tombstone: its kept digest and commit hash are taken as they are
+            checked.intact.add(row["operation_id"])
+            continue
+        chain = events.get(row["operation_id"], [])
+        if len(chain) > 1:  # the query leaves the order to us
             chain.sort(key=itemgetter("seq"))
-    intact = checked.intact
+        purged = row["purged_seq"] is not None
+        verdict = verify_chain(
+            chain,
+            "committed",
+            row["attempt"],
+            base_seq=row["purged_seq"] if purged else 0,
+            base_hash=row["purged_hash"] if purged else GENESIS_HASH,
+            head_hash=row["op_hash"],
+            format_at=format_ts,
+        )
+        if verdict.ok and _records_receipt(row, chain):
+            checked.intact.add(row["operation_id"])
+        else:
+            doubtful.append(row)
+    if doubtful:
+        await _judged_again(conn, tenant, doubtful, checked)
+
+
+def _records_receipt(row: Mapping[str, Any], chain: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the row's stored receipt is the one its chain recorded: the last event *into* committed
+    (a `discrepancy` event, committed -> committed, records a conflicting report after it, and carries
+    no receipt), by the receipt's recorder, that event's hash the row's commit_hash (the leaf's)."""
+    events = [
+        e
+        for e in chain
+        if e["seq"] is not None and e["to_status"] == "committed" and e["from_status"] != "committed"
+    ]
+    if not events:
+        return False
+    recorded = (events[-1]["data"] or {}).get("receipt") or {}
+    stored = row["receipt"]
+    return (
+        all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
+        and stored.get("recorded_by") == events[-1]["actor"]
+        and events[-1]["hash"] == row["commit_hash"]
+    )
+
+
+async def _judged_again(
+    conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
+) -> None:
+    """The operations whose events did not lead to the head their rows were read with: their rows and
+    events read again together. Purged since the batch read them (for the first time or again: an ID
+    purged, claimed anew and committed, round 24): the next pass reads the tombstone. Otherwise
+    intact when the chain now holds from the new read's head (an event appended since, such as a
+    `discrepancy`), else left out of `intact`: refused, an edit. A row that stays half purged, its body
+    kept, is checked as it is on the next pass, and refused."""
+    chains: dict[str, list[Mapping[str, Any]]] = {}
+    for row in await conn.fetch(sql("log_batch_chains"), tenant, [r["operation_id"] for r in rows]):
+        chains.setdefault(row["operation_id"], []).append(row)
+    for chain in chains.values():  # each chain by seq (an operation without events has one row, seq NULL)
+        if len(chain) > 1:
+            chain.sort(key=itemgetter("seq"))
     for row in rows:
         chain = chains.get(row["operation_id"], [])
-        if row["receipt"] is None:
-            intact.add(row["operation_id"])
-            continue
         if chain and row["purged_seq"] != chain[0]["purged_seq"]:
-            # purged between the two reads, for the first time or again (an ID purged, claimed anew
-            # and committed: round 24); the next pass reads the tombstone. A row that stays half
-            # purged, its body kept, is checked as it is on the next pass, and refused.
             checked.purged.add(row["operation_id"])
-            continue
-        if not chain or not chain_verdict(chain).ok:
-            continue
-        # the event that recorded the receipt: the last one *into* committed (a `discrepancy` event,
-        # committed -> committed, records a conflicting report after it, and carries no receipt)
-        events = [
-            e
-            for e in chain
-            if e["seq"] is not None and e["to_status"] == "committed" and e["from_status"] != "committed"
-        ]
-        if not events:
-            continue
-        recorded = (events[-1]["data"] or {}).get("receipt") or {}
-        stored = row["receipt"]
-        if (
-            all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
-            and stored.get("recorded_by") == events[-1]["actor"]
-            and events[-1]["hash"] == row["commit_hash"]  # the hash the leaf records
-        ):
-            intact.add(row["operation_id"])
+        elif chain and chain_verdict(chain).ok and _records_receipt(row, chain):
+            checked.intact.add(row["operation_id"])
 
 
 async def integrate_tenant(
