@@ -507,6 +507,60 @@ async def test_a_conflicting_report_recorded_before_the_receipt_is_logged_is_no_
         await conn.close()
 
 
+async def test_a_conflicting_report_recorded_between_the_batchs_two_reads_is_no_edit(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's rows are read first, their events after (round 29: without the rows again). A
+    `discrepancy` event appended in between moves the chain past the head the row was read with: that
+    operation alone is read again with its row (`_judged_again`), its chain holds from the new head, and
+    its receipt is logged with the hash of the event that committed it; nothing is refused."""
+    from effect_ledger.db import receipt_log
+    from effect_ledger.db.maintenance import owner_connection
+    from support.ledger import call, claim
+
+    refused: list[str] = []
+    again: list[list[str]] = []
+    async with Service(settings) as off, off.client() as client:  # the log is not running
+        await committed(client, "op-0")
+        r = await claim(client, "op-1", {**CLAIM})
+        done = {"token": r.json()["claim"]["token"], "outcome": "committed", "receipt": RECEIPT}
+        assert (await call(client, "op-1", "complete", done)).status_code == 200
+        await committed(client, "op-2")
+        checked, judged = receipt_log._intact_receipts, receipt_log._judged_again
+
+        async def reported_meanwhile(*args: object) -> object:  # after the rows' read, before the events'
+            other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
+            r = await call(client, "op-1", "complete", other)
+            assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
+            return await checked(*args)  # type: ignore[operator]
+
+        async def judged_again(
+            conn: object, tenant: str, rows: list[dict[str, object]], verdicts: object
+        ) -> None:
+            again.append([str(row["operation_id"]) for row in rows])
+            await judged(conn, tenant, rows, verdicts)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(receipt_log, "_intact_receipts", reported_meanwhile)
+        monkeypatch.setattr(receipt_log, "_judged_again", judged_again)
+        conn = await owner_connection(settings)
+        try:
+            appended = await receipt_log.integrate_tenant(
+                conn, "t1", 50, lambda reason, _: refused.append(reason)
+            )
+            bundle = await conn.fetchval(
+                "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1"
+            )
+            hashes = await conn.fetch(
+                "SELECT kind, hash FROM ledger.events WHERE tenant_id = 't1' AND operation_id = 'op-1' ORDER BY seq"
+            )
+        finally:
+            await conn.close()
+    assert (appended, refused, again) == (3, [], [["op-1"]])
+    assert [h["kind"] for h in hashes][-2:] == ["completed", "discrepancy"]
+    leaf = json.loads(tiles.decode_bundle(bundle)[1])
+    assert leaf["operation_id"] == "op-1" and leaf["chain_hash"] == hashes[-2]["hash"] != hashes[-1]["hash"]
+
+
 async def test_a_conflicting_report_after_the_receipt_is_logged_keeps_the_log_signing(
     logged: Service,
 ) -> None:
