@@ -150,16 +150,25 @@ def chain_verdict(rows: Sequence[Mapping[str, Any]]) -> ChainVerdict:
     """One operation's chain recomputed from its operation_chain rows (also used by the receipts log);
     a purged one from the point the purge cut it at. The rows are hashed as they are (each `at`
     rendered as the API shows it): no event view is built per row."""
-    events = [r for r in rows if r["seq"] is not None]
     head = rows[0]
-    purged = head["purged_seq"] is not None
+    events = [r for r in rows if r["seq"] is not None]
+    return verdict_from(head, events, head["op_status"], head["op_attempt"], head["op_hash"])
+
+
+def verdict_from(
+    row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], status: str, attempt: int, head_hash: str
+) -> ChainVerdict:
+    """Database event rows (in seq order) recomputed from the base `row` names (`purged_seq` and
+    `purged_hash` when a purge cut the chain, else genesis) to a head recording `status` and `attempt`
+    whose hash is `head_hash`."""
+    purged = row["purged_seq"] is not None
     return verify_chain(
         events,
-        head["op_status"],
-        head["op_attempt"],
-        base_seq=head["purged_seq"] if purged else 0,
-        base_hash=head["purged_hash"] if purged else GENESIS_HASH,
-        head_hash=head["op_hash"],
+        status,
+        attempt,
+        base_seq=row["purged_seq"] if purged else 0,
+        base_hash=row["purged_hash"] if purged else GENESIS_HASH,
+        head_hash=head_hash,
         format_at=format_ts,
     )
 

@@ -38,9 +38,8 @@ from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
-from effect_ledger.db.reads import chain_verdict
+from effect_ledger.db.reads import chain_verdict, verdict_from
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.chain import GENESIS_HASH
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest
@@ -53,9 +52,7 @@ from effect_ledger.domain.note import (
 )
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
-from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
-from effect_ledger.domain.verification import verify_chain
 from effect_ledger.domain.witness import add_checkpoint_body, parse_witnesses
 from effect_ledger.settings import Settings
 from effect_ledger.signer import LogSigner, Signed, SignRefused, signer_from_settings
@@ -284,16 +281,7 @@ async def _intact_slice(
         chain = events.get(row["operation_id"], [])
         if len(chain) > 1:  # the query leaves the order to us
             chain.sort(key=itemgetter("seq"))
-        purged = row["purged_seq"] is not None
-        verdict = verify_chain(
-            chain,
-            "committed",
-            row["attempt"],
-            base_seq=row["purged_seq"] if purged else 0,
-            base_hash=row["purged_hash"] if purged else GENESIS_HASH,
-            head_hash=row["op_hash"],
-            format_at=format_ts,
-        )
+        verdict = verdict_from(row, chain, "committed", row["attempt"], row["op_hash"])
         if verdict.ok and _records_receipt(row, chain):
             checked.intact.add(row["operation_id"])
         else:
