@@ -1,5 +1,6 @@
-"""The receipts log's hashing fast paths (rounds 15 and 17) against the reference: an event's link hash
-given field by field, a chain walked over database rows, a receipt's digest, a leaf. Same bytes, same verdicts, same
+"""The receipts log's hashing fast paths (rounds 15, 17 and 30) against the reference: an event's link hash
+given field by field, a link checked against its stored hash, a chain walked over database rows, a
+receipt's digest and its comparison with a leaf's, a leaf. Same bytes, same verdicts, same
 refusals, for arbitrary values (Hypothesis) as for the shapes the ledger writes."""
 
 from __future__ import annotations
@@ -12,9 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from effect_ledger.domain.canonical import CanonicalizationError, canonical_json_reference
-from effect_ledger.domain.chain import GENESIS_HASH, HASHED_FIELDS, event_hash, first_bad_seq, link_hash
-from effect_ledger.domain.model import RECEIPT_FIELDS, receipt_digest
+from effect_ledger.domain import chain, model
+from effect_ledger.domain.canonical import CanonicalizationError, canonical_json_reference, sorted_encoding
+from effect_ledger.domain.chain import (
+    GENESIS_HASH,
+    HASHED_FIELDS,
+    event_hash,
+    first_bad_seq,
+    link_hash,
+    link_holds,
+)
+from effect_ledger.domain.model import RECEIPT_FIELDS, receipt_digest, receipt_digest_is
 from effect_ledger.domain.note import b64
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data
 from effect_ledger.domain.timefmt import format_ts
@@ -134,7 +143,93 @@ def test_the_ledgers_own_event_takes_the_fast_path_and_hashes_as_before() -> Non
     assert event_hash(GENESIS_HASH, event) == _reference_hash(GENESIS_HASH, event)[1]
 
 
+OTHER_HASH = "f" * 64
+
+
+@given(st.tuples(texts, ints, texts, texts, texts, texts | st.none(), texts, ints, json_data | values))
+def test_a_link_holds_exactly_when_its_reference_hash_is_the_stored_one(fields: tuple[Any, ...]) -> None:
+    # link_holds tries msgspec's sorted text unchecked, then the JCS text: for every value, its verdict
+    # is the reference's (a float, an int beyond 2**53 or an astral key: msgspec's text is not the JCS
+    # text, the hash differs, and the JCS way must still say the link holds)
+    verdict, stored = _reference_hash(GENESIS_HASH, dict(zip(HASHED_FIELDS, fields, strict=True)))
+    if verdict == "refused":
+        with pytest.raises(CanonicalizationError):
+            link_holds(GENESIS_HASH, *fields, OTHER_HASH)
+        return
+    assert link_holds(GENESIS_HASH, *fields, stored) is True
+    assert link_holds(GENESIS_HASH, *fields, OTHER_HASH) is False
+
+
+def _ledger_event(data: dict[str, Any]) -> tuple[Any, ...]:
+    """A submitted event's fields as a database row gives them (`at` rendered), data as given."""
+    return ("op-7", 2, "2026-11-30T10:00:30.120Z", "submitted", "exec-1", "pending", "submitted", 1, data)
+
+
+def test_the_ledgers_own_event_holds_without_its_jcs_text_and_an_edit_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = {"effect_ref": "remote-req-19", "lease_expires_at": "2026-11-30T10:01:00.120Z"}
+    stored = link_hash(GENESIS_HASH, *_ledger_event(data))
+
+    def no_jcs(*_: Any) -> str:
+        raise AssertionError("the JCS way was taken")
+
+    monkeypatch.setattr(chain, "link_hash", no_jcs)
+    assert link_holds(GENESIS_HASH, *_ledger_event(data), stored) is True  # msgspec's text alone
+    with pytest.raises(AssertionError, match="JCS way"):  # a mismatch is checked the JCS way
+        link_holds(GENESIS_HASH, *_ledger_event(data | {"effect_ref": "remote-req-20"}), stored)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"amount": 1e21}, {"n": 2**53 + 1}, {"\U0001f600": 1, "\ue000": 2}, {"n": 1.5, "m": -0.0}],
+    ids=["float", "big-int", "astral-key", "floats"],
+)
+def test_data_whose_msgspec_text_is_not_jcs_holds_the_jcs_way(data: dict[str, Any]) -> None:
+    assert sorted_encoding(data) != canonical_json_reference(data)  # the premise
+    fields = _ledger_event(data)
+    reference = _reference_hash(GENESIS_HASH, dict(zip(HASHED_FIELDS, fields, strict=True)))[1]
+    assert link_hash(GENESIS_HASH, *fields) == reference
+    assert link_holds(GENESIS_HASH, *fields, reference) is True
+    edited = _ledger_event({**data, "edited": True})
+    assert link_holds(GENESIS_HASH, *edited, reference) is False
+
+
 receipts = st.dictionaries(st.sampled_from([*RECEIPT_FIELDS, "other"]), values, max_size=7)
+
+
+@given(receipts)
+def test_a_receipt_has_a_leafs_digest_exactly_when_its_reference_digest_is_it(
+    receipt: dict[str, Any],
+) -> None:
+    shown = {name: receipt.get(name) for name in RECEIPT_FIELDS}
+    try:
+        expected = "sha256:" + hashlib.sha256(canonical_json_reference(shown)).hexdigest()
+    except CanonicalizationError:
+        with pytest.raises(CanonicalizationError):
+            receipt_digest_is(receipt, "sha256:" + OTHER_HASH)
+        return
+    assert receipt_digest_is(receipt, expected) is True
+    assert receipt_digest_is(receipt, "sha256:" + OTHER_HASH) is False
+
+
+def test_a_stored_receipt_has_its_digest_without_its_jcs_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    receipt = {
+        "external_ref": "rcpt-1", "result_digest": None, "result": {"n": 1, "ok": True}, "observed_at": None,
+        "recorded_by": "exec-1", "recorded_at": "2026-11-30T10:00:30.120Z",
+    }  # fmt: skip
+    digest = receipt_digest(receipt)
+
+    def no_jcs(*_: Any) -> str:
+        raise AssertionError("the JCS way was taken")
+
+    monkeypatch.setattr(model, "receipt_digest", no_jcs)
+    assert receipt_digest_is(receipt, digest) is True
+    with pytest.raises(AssertionError, match="JCS way"):
+        receipt_digest_is(receipt | {"external_ref": "rcpt-2"}, digest)
+    with_float = receipt | {"result": {"amount": 1e21}}
+    monkeypatch.undo()
+    assert receipt_digest_is(with_float, receipt_digest(with_float)) is True
 
 
 @given(receipts)

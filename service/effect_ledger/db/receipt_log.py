@@ -42,7 +42,7 @@ from effect_ledger.db.reads import chain_verdict, verdict_from
 from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
-from effect_ledger.domain.model import receipt_digest
+from effect_ledger.domain.model import receipt_digest, receipt_digest_is
 from effect_ledger.domain.note import (
     NoteError,
     Verifier,
@@ -175,6 +175,14 @@ def _digest_of(row: Mapping[str, Any]) -> str | None:
     """The receipt digest a row's leaf carries: its receipt's, or the one a tombstone kept."""
     receipt = row["receipt"]
     return receipt_digest(receipt) if receipt is not None else row["receipt_digest"]
+
+
+def _digest_is(row: Mapping[str, Any], expected: Any) -> bool:
+    """Whether a row's receipt digest (as _digest_of) is `expected`, a leaf's."""
+    receipt = row["receipt"]
+    if receipt is None:
+        return bool((row["receipt_digest"] or "") == expected)
+    return type(expected) is str and receipt_digest_is(receipt, expected)
 
 
 def _facts(tenant: str, row: Mapping[str, Any]) -> LeafFacts:
@@ -512,7 +520,7 @@ async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, ne
                 if _may_have_expired(leaf):
                     continue  # an expired tombstone: nothing left to compare
                 return "receipt_missing"
-            if leaf.receipt_digest != (_digest_of(row) or "") or leaf.chain_hash != row["commit_hash"]:
+            if leaf.chain_hash != row["commit_hash"] or not _digest_is(row, leaf.receipt_digest):
                 return "receipt_mismatch"
         await asyncio.sleep(0)
     return None

@@ -19,6 +19,7 @@ __all__ = [
     "intent_digest",
     "plain_scalar",
     "serialize_number",
+    "sorted_encoding",
 ]
 
 DEFAULT_MAX_DEPTH = 64
@@ -105,6 +106,17 @@ def _plain(value: object, depth: int, max_depth: int) -> bool:
         elif not _plain(item, depth + 1, max_depth):
             return False
     return True
+
+
+def sorted_encoding(value: object) -> bytes | None:
+    """msgspec's encoding of `value` with every object's keys sorted, unchecked: the JCS text whenever
+    canonical_json would take it (see there), something else for a float, an int beyond 2**53 or a key
+    beyond the BMP; None when msgspec refuses the value. For comparing with a digest taken over JCS
+    text, where only a mismatch needs canonical_json's answer."""
+    try:
+        return _SORTED_ENCODE(value)
+    except (TypeError, ValueError):  # UnicodeEncodeError (a lone surrogate) is a ValueError
+        return None
 
 
 def plain_scalar(value: object) -> bool:

@@ -15,6 +15,7 @@ from effect_ledger.domain.canonical import (
     encode_members,
     intent_digest,
     plain_scalar,
+    sorted_encoding,
 )
 from effect_ledger.domain.errors import Refusal
 from effect_ledger.domain.timefmt import format_ts
@@ -155,6 +156,30 @@ def receipt_digest(receipt: dict[str, Any] | None) -> str | None:
         if body is not None:
             return digest_of_canonical(body)
     return intent_digest(receipt_view(receipt))
+
+
+def receipt_digest_is(receipt: dict[str, Any], expected: str) -> bool:
+    """Whether a stored receipt (a database row's, decoded by msgspec from jsonb) has the digest
+    `expected`: tried first on msgspec's sorted encoding of its members, unchecked (as chain.link_holds
+    tries an event: a match is a match), then by receipt_digest. The checkpointer compares every new
+    leaf's receipt digest with its operation's receipt this way."""
+    if type(receipt) is not dict:
+        return receipt_digest(receipt) == expected
+    get = receipt.get
+    result = sorted_encoding(get("result"))
+    if result is not None:
+        try:
+            body = encode_members(
+                _Shown(
+                    get("external_ref"), get("observed_at"), get("recorded_at"), get("recorded_by"),
+                    msgspec.Raw(result), get("result_digest"),
+                )
+            )  # fmt: skip
+        except TypeError:  # a member msgspec does not encode
+            body = None
+        if body is not None and digest_of_canonical(body) == expected:
+            return True
+    return receipt_digest(receipt) == expected
 
 
 def operation_view(op: Operation) -> dict[str, Any]:
