@@ -13,7 +13,7 @@ from litestar.openapi import OpenAPIConfig
 
 from effect_ledger import __version__, tracing
 from effect_ledger.db.ledger import Ledger
-from effect_ledger.db.maintenance import background_maintenance, watch_backlog
+from effect_ledger.db.maintenance import background_maintenance, in_background, watch_backlog
 from effect_ledger.db.migrate import head_revision
 from effect_ledger.db.pools import open_when_reachable
 from effect_ledger.db.receipt_log import LogGuard, background_log, witness_config
@@ -114,7 +114,8 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         limiter = RateLimiter.from_settings(settings, metrics.rate_limit_overflow.inc)
         app.state.limiter = limiter
         try:
-            yield
+            async with in_background(*([metrics.publish_loop()] if metrics.multiprocess else [])):
+                yield
         finally:
             limiter.close()
             await pools.close()

@@ -280,7 +280,9 @@ async def _log_process(settings: Settings, parent: int) -> int:
                 log.error("log_process_start_failed", exception_type=type(exc).__name__)
                 return STARTUP_FAILED
             log.info("log_process_started", pid=os.getpid())
-            await stack.enter_async_context(in_background(_watch_parent(parent, stopping)))
+            loops = [_watch_parent(parent, stopping)]
+            loops += [metrics.publish_loop()] if metrics.multiprocess else []
+            await stack.enter_async_context(in_background(*loops))
             await stopping.wait()
     finally:
         metrics.close()
