@@ -154,10 +154,10 @@ def test_a_link_holds_exactly_when_its_reference_hash_is_the_stored_one(fields: 
     verdict, stored = _reference_hash(GENESIS_HASH, dict(zip(HASHED_FIELDS, fields, strict=True)))
     if verdict == "refused":
         with pytest.raises(CanonicalizationError):
-            link_holds(GENESIS_HASH, *fields, OTHER_HASH)
+            link_holds(GENESIS_HASH, *fields, expected=OTHER_HASH)
         return
-    assert link_holds(GENESIS_HASH, *fields, stored) is True
-    assert link_holds(GENESIS_HASH, *fields, OTHER_HASH) is False
+    assert link_holds(GENESIS_HASH, *fields, expected=stored) is True
+    assert link_holds(GENESIS_HASH, *fields, expected=OTHER_HASH) is False
 
 
 def _ledger_event(data: dict[str, Any]) -> tuple[Any, ...]:
@@ -175,9 +175,9 @@ def test_the_ledgers_own_event_holds_without_its_jcs_text_and_an_edit_does_not(
         raise AssertionError("the JCS way was taken")
 
     monkeypatch.setattr(chain, "link_hash", no_jcs)
-    assert link_holds(GENESIS_HASH, *_ledger_event(data), stored) is True  # msgspec's text alone
+    assert link_holds(GENESIS_HASH, *_ledger_event(data), expected=stored) is True  # msgspec's text alone
     with pytest.raises(AssertionError, match="JCS way"):  # a mismatch is checked the JCS way
-        link_holds(GENESIS_HASH, *_ledger_event(data | {"effect_ref": "remote-req-20"}), stored)
+        link_holds(GENESIS_HASH, *_ledger_event(data | {"effect_ref": "remote-req-20"}), expected=stored)
 
 
 @pytest.mark.parametrize(
@@ -190,9 +190,9 @@ def test_data_whose_msgspec_text_is_not_jcs_holds_the_jcs_way(data: dict[str, An
     fields = _ledger_event(data)
     reference = _reference_hash(GENESIS_HASH, dict(zip(HASHED_FIELDS, fields, strict=True)))[1]
     assert link_hash(GENESIS_HASH, *fields) == reference
-    assert link_holds(GENESIS_HASH, *fields, reference) is True
+    assert link_holds(GENESIS_HASH, *fields, expected=reference) is True
     edited = _ledger_event({**data, "edited": True})
-    assert link_holds(GENESIS_HASH, *edited, reference) is False
+    assert link_holds(GENESIS_HASH, *edited, expected=reference) is False
 
 
 receipts = st.dictionaries(st.sampled_from([*RECEIPT_FIELDS, "other"]), values, max_size=7)

@@ -73,21 +73,9 @@ def link_hash(
     return hashlib.sha256(prev_hash.encode("ascii") + b"\n" + body).hexdigest()
 
 
-def link_holds(
-    prev_hash: str,
-    operation_id: Any,
-    seq: Any,
-    at: Any,
-    kind: Any,
-    actor: Any,
-    from_status: Any,
-    to_status: Any,
-    attempt: Any,
-    data: Any,
-    expected: str,
-) -> bool:
-    """Whether an event of the database given field by field (HASHED_FIELDS' order) hashes to
-    `expected`: link_hash's answer, tried first on msgspec's sorted encoding of the event without the
+def link_holds(prev_hash: str, *fields: Any, expected: str, row: bool = True) -> bool:
+    """Whether an event given field by field (link_hash's arguments) hashes to `expected`: link_hash's
+    answer. A database `row`'s is tried first on msgspec's sorted encoding of the event without the
     walk that proves it the JCS text (canonical.sorted_encoding). A match is a match: the hash was taken
     over those very bytes, and the text msgspec writes sorted decodes to the value it was written from
     for every value a database row's data can hold (decoded by msgspec from jsonb: no NaN or infinity,
@@ -95,7 +83,8 @@ def link_holds(
     link_hash's way (the JCS text, which differs from msgspec's for a float, an int beyond 2**53 or a
     key beyond the BMP) before the event is called bad. The receipts log recomputes every chain it
     logs; the walk was a fifth of that (round 30)."""
-    if type(data) is dict:  # every event's data; anything else takes link_hash's way
+    operation_id, seq, at, kind, actor, from_status, to_status, attempt, data = fields
+    if row and type(data) is dict:  # every event's data; anything else takes link_hash's way
         text = sorted_encoding(data)
         if text is not None:
             try:
@@ -108,33 +97,10 @@ def link_holds(
                 body = None
             if body is not None and _sha256(prev_hash.encode("ascii") + b"\n" + body).hexdigest() == expected:
                 return True
-    return _link_is(
-        prev_hash, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data, expected
-    )
+    return link_hash(prev_hash, *fields) == expected
 
 
 _sha256 = hashlib.sha256
-
-
-def _link_is(
-    prev_hash: str,
-    operation_id: Any,
-    seq: Any,
-    at: Any,
-    kind: Any,
-    actor: Any,
-    from_status: Any,
-    to_status: Any,
-    attempt: Any,
-    data: Any,
-    expected: str,
-) -> bool:
-    """link_hash's answer compared with `expected`, for events given as the API shows them (their data
-    decoded by any JSON reader, which may hold what msgspec writes as another value)."""
-    return (
-        link_hash(prev_hash, operation_id, seq, at, kind, actor, from_status, to_status, attempt, data)
-        == expected
-    )
 
 
 def first_bad_seq(
@@ -146,11 +112,11 @@ def first_bad_seq(
     """Walk a chain in seq order from its base (genesis, or the point a purge cut it at); return
     (events checked, first seq whose link or hash is wrong). `format_at` renders each event's `at` for
     the hash first (database rows hold a datetime; the API's events the text already), and marks the
-    events as database rows, whose links link_holds checks."""
+    events as database rows (link_holds' `row`)."""
     prev = base_hash
     checked = 0
     expected_seq = base_seq + 1
-    holds = _link_is if format_at is None else link_holds
+    rows = format_at is not None  # the API's events: decoded by any JSON reader (NaN, infinity)
     for event in events:
         checked += 1
         seq = event["seq"]
@@ -158,9 +124,9 @@ def first_bad_seq(
         if (
             seq != expected_seq
             or event["prev_hash"] != prev
-            or not holds(
+            or not link_holds(
                 prev, event["operation_id"], seq, at, event["kind"], event["actor"], event["from_status"],
-                event["to_status"], event["attempt"], event["data"], event["hash"],
+                event["to_status"], event["attempt"], event["data"], expected=event["hash"], row=rows,
             )
         ):  # fmt: skip
             return checked, int(seq)
