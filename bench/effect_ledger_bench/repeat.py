@@ -12,7 +12,9 @@ table's statistics from the machine's drift. `--variant` sets serve's environmen
 sets serve's `--workers` for those rounds). `--lanes` adds where the worker's write lanes were during
 the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in flight, ...).
 `--statements` adds what each statement did per cycle in the window, the receipts log's beside the write
-path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it).
+path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it). With a
+variant, the last line compares the two sides (`comparison`: the means of cycles/s and their ratio,
+each pair's ratio, serve's worker per request and its log process per cycle).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -33,6 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -158,8 +161,9 @@ async def one_round(
     lanes: bool = False,
     statements: Statements | None = None,
     settle_log: bool = False,
-) -> str:
-    """One serve (with `env` added to its environment), warmed up, then measured; the printed line
+) -> tuple[str, Figures]:
+    """One serve (with `env` added to its environment), warmed up, then measured; the printed line and
+    its figures
     (with `lanes`, and where the write lanes were during the window; with `statements`, and the lines
     of what the database's statements did in the window, per cycle; with `settle_log` and the log on,
     first until the log has integrated and signed every receipt committed before)."""
@@ -199,13 +203,53 @@ async def one_round(
     total = sum(spent.values()) / cycles * 1000
     log_us = (log1 - log0) / cycles * 1e6
     claim = result.latency("claim")
+    figures = Figures(result.cycles / wall, serve_us, log_us)
     return (
         f"{result.cycles / wall:,.0f} cycles/s ({sum(result.errors.values())} unexpected); serve "
         f"{serve_us:.0f} us CPU per request, its log process {log_us:.0f} us per cycle; "
         f"claim p50 {claim.p50:.1f} p99 {claim.p99:.1f} ms; "
         f"PostgreSQL {total:.3f} ms per cycle ({pg}); "
         f"load average {os.getloadavg()[0]:.2f}{settled}{lane_line}"
-    ) + "".join(f"\n{line}" for line in (report(counted) if statements is not None else []))
+    ) + "".join(f"\n{line}" for line in (report(counted) if statements is not None else [])), figures
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a round's summary compares: cycles/s, serve's CPU per request (its log process included)
+    and its log process's per cycle."""
+
+    rate: float
+    serve_us: float
+    log_us: float
+
+    @property
+    def worker_us(self) -> float:
+        """serve's CPU per request without its log process's share (three requests a cycle)."""
+        return self.serve_us - self.log_us / 3
+
+
+def comparison(base: Sequence[Figures], variant: Sequence[Figures]) -> str:
+    """The summary of alternating rounds (base, variant, base, ...): the two means of cycles/s and their
+    ratio both ways, the ratios of each pair of rounds (a base round and the variant round after it),
+    serve's worker per request and the log process per cycle, each side's mean or range."""
+    if not base or not variant:
+        return "summary: no variant rounds to compare"
+
+    def mean(values: Sequence[float]) -> float:
+        return sum(values) / len(values)
+
+    on, off = mean([f.rate for f in base]), mean([f.rate for f in variant])
+    pairs = sorted(b.rate / v.rate for b, v in zip(base, variant, strict=False) if v.rate)
+    middle = len(pairs) // 2
+    median = pairs[middle] if len(pairs) % 2 else (pairs[middle - 1] + pairs[middle]) / 2
+    logs = [f.log_us for f in base], [f.log_us for f in variant]
+    return (
+        f"summary: base {on:,.0f}, variant {off:,.0f} cycles/s on the means ({len(base)} + {len(variant)}"
+        f" rounds); base / variant {on / off:.3f} (variant / base {off / on:.3f}); pairs {pairs[0]:.2f} -"
+        f" {pairs[-1]:.2f} (median {median:.3f}); serve's worker {mean([f.worker_us for f in base]):.1f} /"
+        f" {mean([f.worker_us for f in variant]):.1f} us a request; its log process {min(logs[0]):.0f} -"
+        f" {max(logs[0]):.0f} / {min(logs[1]):.0f} - {max(logs[1]):.0f} us a cycle"
+    )
 
 
 def log_on(env: dict[str, str]) -> bool:
@@ -274,19 +318,23 @@ async def main(
         if sampler is not None:
             sampler.start()
         secret = secrets.token_urlsafe(48)
+        measured: tuple[list[Figures], list[Figures]] = ([], [])  # base rounds, variant rounds
         for n in range(rounds):
             env = variant if n % 2 == 1 else {}
             await cluster.settle()  # no round pays for the last one's vacuum or a timed checkpoint
             # serve's --workers flag wins over its environment: a variant's worker count goes to the flag
             count = int(env.get("EFFECT_LEDGER_WORKERS", workers))
-            line = await one_round(
+            line, figures = await one_round(
                 url, secret, workdir, sampler, count, executors, seconds, env, lanes, counter, settle_log
             )
+            measured[n % 2].append(figures)
             label = " ".join(f"{k}={v}" for k, v in env.items()) if env else ("base" if variant else "")
             print(f"round {n + 1}{' (' + label + ')' if label else ''}: {line}", flush=True)
             if n + 1 == analyze_after:
                 await analyze(url)
                 print(f"after round {n + 1}: ANALYZE of ledger.{', ledger.'.join(ANALYZED)}", flush=True)
+        if variant:
+            print(comparison(*measured), flush=True)
     finally:
         if sampler is not None:
             sampler.stop()

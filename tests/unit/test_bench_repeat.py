@@ -10,7 +10,7 @@ import time
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from effect_ledger_bench.repeat import Sampler, kind_of, log_on, parse_variant
+from effect_ledger_bench.repeat import Figures, Sampler, comparison, kind_of, log_on, parse_variant
 
 
 @pytest.mark.parametrize(
@@ -113,3 +113,23 @@ def test_a_round_has_the_log_on_as_serve_would_read_its_environment(monkeypatch:
         assert not log_on({"EFFECT_LEDGER_LOG_ENABLED": off}), off
     monkeypatch.setenv("EFFECT_LEDGER_LOG_ENABLED", "off")  # serve inherits this process's environment
     assert not log_on({}) and log_on({"EFFECT_LEDGER_LOG_ENABLED": "true"})
+
+
+def test_alternating_rounds_are_summed_up_side_by_side() -> None:
+    # round 30's first sitting: the log on (base) and off (the variant), its first four pairs
+    base = [Figures(1375, 183, 48), Figures(1328, 189, 51), Figures(1359, 185, 49), Figures(1280, 193, 52)]
+    variant = [Figures(1217, 200, 0), Figures(1351, 176, 0), Figures(1557, 157, 0), Figures(1388, 167, 0)]
+    assert comparison(base, variant) == (
+        "summary: base 1,336, variant 1,378 cycles/s on the means (4 + 4 rounds); base / variant 0.969"
+        " (variant / base 1.032); pairs 0.87 - 1.13 (median 0.953); serve's worker 170.8 / 175.0 us a"
+        " request; its log process 48 - 52 / 0 - 0 us a cycle"
+    )
+
+
+def test_an_odd_round_count_pairs_what_it_can_and_a_lone_side_is_said() -> None:
+    base = [Figures(1000, 200, 60), Figures(1100, 190, 60), Figures(900, 210, 60)]
+    variant = [Figures(1000, 180, 0), Figures(1000, 180, 0)]
+    line = comparison(base, variant)
+    assert "base 1,000, variant 1,000 cycles/s on the means (3 + 2 rounds); base / variant 1.000" in line
+    assert "pairs 1.00 - 1.10 (median 1.050)" in line
+    assert comparison(base, []) == "summary: no variant rounds to compare"
