@@ -281,7 +281,7 @@ async def _log_process(settings: Settings, parent: int) -> int:
                 return STARTUP_FAILED
             log.info("log_process_started", pid=os.getpid())
             loops = [_watch_parent(parent, stopping)]
-            loops += [metrics.publish_loop()] if metrics.multiprocess else []
+            loops += [metrics.pools_loop()] if metrics.multiprocess else []
             await stack.enter_async_context(in_background(*loops))
             await stopping.wait()
     finally:
