@@ -312,3 +312,12 @@ def test_a_logged_leaf_as_before() -> None:
         b'"tool":"payments.charge","tool_version":"2","v":1}',
     ]  # fmt: skip
     assert leaf_data(facts, 0, bytes(32)) == b"".join(pinned)
+
+
+def test_a_member_msgspec_cannot_write_takes_the_jcs_way_and_is_refused_there() -> None:
+    # encode_members answers None for it (not a TypeError out of the fast way): the JCS way refuses
+    with pytest.raises(CanonicalizationError, match="unsupported type"):
+        link_holds(GENESIS_HASH, *_ledger_event({"a": 1})[:4], object(), *_ledger_event({"a": 1})[5:],
+                   expected=OTHER_HASH)  # fmt: skip
+    with pytest.raises(CanonicalizationError, match="unsupported type"):
+        receipt_digest_is({"external_ref": object(), "result": {}}, "sha256:" + OTHER_HASH)

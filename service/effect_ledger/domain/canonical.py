@@ -132,15 +132,17 @@ def plain_scalar(value: object) -> bool:
 def encode_members(members: msgspec.Struct) -> bytes | None:
     """The JCS text of an object with fixed ASCII keys, given as a Struct whose fields are declared in
     sorted order, whose scalar members passed plain_scalar and whose other members are msgspec.Raw
-    holding their canonical_json; None when a string holds a lone surrogate (the caller then takes
-    canonical_json of the object as a dict, which combines a pair or refuses).
+    holding their canonical_json (or, for chain.link_holds and model.receipt_digest_is, members not
+    checked at all); None when msgspec cannot write it, a string holding a lone surrogate or a member
+    of a type it does not encode (the caller then takes canonical_json of the object as a dict, which
+    combines a pair or refuses).
 
     For the hashes of every event, receipt and leaf the receipts log recomputes: no dict built per
     object, and no walk over members already known to be plain (tests/unit/test_log_hashing.py checks
     the bytes against canonical_json_reference)."""
     try:
         return _ENCODE(members)
-    except UnicodeEncodeError:
+    except (UnicodeEncodeError, TypeError):
         return None
 
 
