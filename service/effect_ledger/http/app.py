@@ -114,7 +114,7 @@ def create_app(settings: Settings, *, jwt_secret: str | None = None) -> Litestar
         limiter = RateLimiter.from_settings(settings, metrics.rate_limit_overflow.inc)
         app.state.limiter = limiter
         try:
-            async with in_background(*([metrics.pools_loop()] if metrics.multiprocess else [])):
+            async with in_background(metrics.pools_loop()):
                 yield
         finally:
             limiter.close()

@@ -150,9 +150,6 @@ def written_through(mmaped: Any) -> Any:
             self._timestamp = timestamp or 0.0
             self._file.write_value(self._key, value, self._timestamp)
 
-        def get(self) -> float:
-            return float(self._value)
-
     _CLASSES.append((WrittenThrough, mmaped))
     return WrittenThrough
 
@@ -462,16 +459,12 @@ class Metrics:
         for name, admission in self._admissions.items():
             self.pool_waiting.labels(name).set(admission.queued)
 
-    @property
-    def multiprocess(self) -> bool:
-        """Whether this process's values go to the multiprocess directory (pools_loop publishes its
-        pools' gauges there)."""
-        return self._multiprocess
-
     async def pools_loop(self) -> None:
-        """Multiprocess mode, in every process that counts (the workers, the log process): its pools'
-        gauges published every POOL_PUBLISH_SECONDS, whether requests come or not (until round 30 from
-        the request path, a clock read a request)."""
+        """In a worker of a multiprocess server: its pools' gauges published every POOL_PUBLISH_SECONDS,
+        whether requests come or not (until round 30 from the request path, a clock read a request); a
+        scrape reaches one worker, which refreshes its own on rendering. Returns at once otherwise."""
+        if not self._multiprocess:
+            return
         while True:
             await asyncio.sleep(POOL_PUBLISH_SECONDS)
             try:

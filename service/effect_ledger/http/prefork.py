@@ -280,9 +280,7 @@ async def _log_process(settings: Settings, parent: int) -> int:
                 log.error("log_process_start_failed", exception_type=type(exc).__name__)
                 return STARTUP_FAILED
             log.info("log_process_started", pid=os.getpid())
-            loops = [_watch_parent(parent, stopping)]
-            loops += [metrics.pools_loop()] if metrics.multiprocess else []
-            await stack.enter_async_context(in_background(*loops))
+            await stack.enter_async_context(in_background(_watch_parent(parent, stopping)))
             await stopping.wait()
     finally:
         metrics.close()
