@@ -24,12 +24,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from effect_ledger.db import receipt_log
+from effect_ledger.db.catalogue import sql
 from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.note import (
     ALG_COSIGNATURE_V1,
@@ -314,14 +316,97 @@ class Checkpointing:
         done = (await self.signer.states()).get("effect-ledger.local/t1")
         return done.size if done else 0
 
-    async def grow_and_sign(self, to: int) -> int | None:
-        before = (await self.signer.states()).get("effect-ledger.local/t1")
+    async def grow(self, to: int) -> None:
+        """Integrate up to `to` leaves, the built leaves kept in the guard as the service's integrator
+        keeps them (receipt_log.integrate)."""
         size = await self.size()
         if to > size:
-            assert await receipt_log.integrate_tenant(self.owner, "t1", to - size) == to - size
+            built = self.guard.built.setdefault("t1", {})
+            assert await receipt_log.integrate_tenant(self.owner, "t1", to - size, built=built) == to - size
+
+    async def sign(self, conn: Any = None) -> int | None:
+        before = (await self.signer.states()).get("effect-ledger.local/t1")
         return await receipt_log.checkpoint_tenant(
-            self.owner, "t1", self.signer, self.config, before, self.refuse, self.guard
+            conn or self.owner, "t1", self.signer, self.config, before, self.refuse, self.guard
         )
+
+    async def grow_and_sign(self, to: int) -> int | None:
+        await self.grow(to)
+        return await self.sign()
+
+
+class Observed:
+    """An owner connection whose `fetch` statements are recorded with their arguments (the checkpointer
+    reads its tiles, its rows and its receipts with fetch)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.ran: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        self.ran.append((query, args))
+        return await self.conn.fetch(query, *args)
+
+    def compared_in_full(self) -> list[str]:
+        """The operation IDs whose receipts were read and compared with their leaves."""
+        return [i for query, args in self.ran if query == sql("log_receipts_of") for i in args[1]]
+
+
+@pytest.mark.storage
+async def test_the_checkpointer_takes_the_integrators_word_only_for_rows_unchanged_since(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """Leaves this process's integrator built are not compared with their receipts again while their
+    rows are the versions it verified (log_rows_changed: one probe a row, no receipt read); a receipt
+    edited between the integration and the checkpoint is compared in full, alone, and refused. Once
+    signed, the built leaves are forgotten; the audit of the signed log compares them in full."""
+    async with Checkpointing(settings, tmp_path, commits=5) as log, superuser(db_url) as admin:
+        await log.grow(3)
+        assert sorted(log.guard.built["t1"]) == [0, 1, 2]
+        assert [v[1] for _, v in sorted(log.guard.built["t1"].items())] == ["op-0", "op-1", "op-2"]
+        observed = Observed(log.owner)
+        assert await log.sign(observed) == 3
+        assert observed.compared_in_full() == [] and log.guard.built["t1"] == {}
+        assert [q for q, _ in observed.ran].count(sql("log_rows_changed")) == 1
+
+        await log.grow(5)  # op-3 and op-4; then op-4's receipt edited before they are signed
+        assert await admin.execute(TAMPERS["receipt"][0].replace("op-2", "op-4")) == "UPDATE 1"
+        observed = Observed(log.owner)
+        assert await log.sign(observed) is None
+        # op-4 alone compared in full (its row changed; op-3's is the version verified), and refused
+        # (the audit of the signed leaves 0 .. 2 follows only new leaves that passed)
+        assert observed.compared_in_full() == ["op-4"]
+        assert log.refused == ["receipt_mismatch"] and await log.signed_size() == 3
+
+
+@pytest.mark.storage
+async def test_an_entry_rewritten_with_its_tiles_and_root_is_refused_though_its_row_is_unchanged(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """The integrator's word covers the leaf it built, not whatever entry now sits at its index: an
+    entry rewritten (another receipt digest) together with its level-0 tile and the log's root, so
+    that tiles, entries and root agree, hashes to another leaf than the built one and is compared with
+    its row in full: refused, nothing signed."""
+    async with Checkpointing(settings, tmp_path, commits=3) as log, superuser(db_url) as admin:
+        await log.grow(3)
+        where = "WHERE tenant_id = 't1' AND idx = 0 AND level = $1"
+        entries = tiles.decode_bundle(await admin.fetchval(f"SELECT data FROM ledger.log_tiles {where}", -1))
+        leaf = json.loads(entries[1])
+        leaf["receipt_digest"] = "0" * 64
+        entries[1] = json.dumps(leaf, separators=(",", ":"), sort_keys=True).encode()
+        hashes = [merkle.leaf_hash(e) for e in entries]
+        await admin.execute(
+            f"UPDATE ledger.log_tiles SET data = $2 {where}", -1, tiles.encode_bundle(entries)
+        )
+        await admin.execute(f"UPDATE ledger.log_tiles SET data = $2 {where}", 0, b"".join(hashes))
+        await admin.execute(
+            "UPDATE ledger.log_state SET root = $1 WHERE tenant_id = 't1'", merkle.naive_root(hashes)
+        )
+        assert await log.sign() is None
+        assert log.refused == ["receipt_mismatch"] and await log.signed_size() == 0
 
 
 @pytest.mark.storage

@@ -696,12 +696,14 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 -- that committed it (0023; the chain head for a row without one). op_hash, purged_seq, purged_hash:
 -- the chain's head and base, which log_batch_events' events must lead from and to; events read in a
 -- later snapshot that do not (a purge in between, or an edit) are judged by log_batch_chains.
+-- row_version: the row's xmin, the transaction that wrote this version of it (any UPDATE writes a new
+-- one): the checkpointer's log_rows_changed compares it instead of the receipt (round 31).
 SELECT o.*, f.feed_position
 FROM ledger.feed AS f
 CROSS JOIN LATERAL (
     SELECT o.operation_id, o.principal, o.tool, o.tool_version, o.intent_digest, o.attempt, o.receipt,
            o.receipt_digest, COALESCE(o.commit_hash, o.chain_hash) AS commit_hash, o.resolved_at,
-           o.purged_seq, o.purged_hash, o.chain_hash AS op_hash
+           o.purged_seq, o.purged_hash, o.chain_hash AS op_hash, o.xmin AS row_version
     FROM ledger.operations AS o
     WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id AND o.status = 'committed'
     OFFSET 0
@@ -901,6 +903,30 @@ CROSS JOIN LATERAL (
     WHERE e.tenant_id = $1 AND e.operation_id = k.operation_id
     OFFSET 0
 ) AS e;
+
+-- name: log_rows_changed
+-- Of some leaves the integrator of this process built (operation ID, the row_version log_batch read,
+-- the feed position), those whose operation row is no longer that version of a committed row, or whose
+-- feed position is another: the checkpointer compares these with their leaves in full
+-- (log_receipts_of). A row that is still the version the integrator verified holds the receipt and
+-- commit hash its leaf was built from; no receipt is read or digested again (round 31: ~9 us of
+-- Python and ~2 of PostgreSQL a leaf). One primary-key probe per operation and per feed row (the
+-- OFFSET 0 keeps each LATERAL a parameterised lookup, as in log_receipts_of).
+SELECT k.operation_id
+FROM unnest($2::text[], $3::xid[], $4::bigint[]) AS k(operation_id, row_version, feed_position)
+LEFT JOIN LATERAL (
+    SELECT o.xmin AS row_version
+    FROM ledger.operations AS o
+    WHERE o.tenant_id = $1 AND o.operation_id = k.operation_id AND o.status = 'committed'
+    OFFSET 0
+) AS o ON true
+LEFT JOIN LATERAL (
+    SELECT f.feed_position
+    FROM ledger.feed AS f
+    WHERE f.tenant_id = $1 AND f.operation_id = k.operation_id
+    OFFSET 0
+) AS f ON true
+WHERE o.row_version IS DISTINCT FROM k.row_version OR f.feed_position IS DISTINCT FROM k.feed_position;
 
 -- name: log_batch_chains
 -- The operations of an integration batch whose events did not lead to the head log_batch read, with

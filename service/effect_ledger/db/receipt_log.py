@@ -86,6 +86,9 @@ class LogGuard:
     audit_cursor: dict[str, int] = field(default_factory=dict)  # tenant -> next leaf the audit checks
     audited_at: dict[str, float] = field(default_factory=dict)  # tenant -> last idle audit (epoch s)
     integrated_after: str = ""  # the last tenant an integration pass took: the next starts after it
+    # tenant -> the leaves this process's integrator appended that no checkpoint covers yet: index ->
+    # (leaf hash, operation ID, the row version it verified); the checkpointer's short way (Built)
+    built: dict[str, Built] = field(default_factory=dict)
 
     @property
     def refusal(self) -> str | None:
@@ -108,6 +111,14 @@ class LogGuard:
 
 
 Refuse = Callable[[str, str], None]  # (reason, tenant)
+
+# A leaf's index -> (its leaf hash, its operation ID, the version (xmin) of the row it was built from).
+# The integrator verified that row (its chain, its receipt against the chain) and built the leaf from
+# it; while the row is still that version and the entry still hashes to that leaf, the checkpointer has
+# nothing to compare again (_check_new_entries). Bounded: past BUILT_MAX leaves a tenant's are no longer
+# kept, and the checkpointer compares those in full.
+Built = dict[int, tuple[bytes, str, int]]
+BUILT_MAX = 200_000
 
 
 def _no_refusal(reason: str, tenant: str) -> None:
@@ -205,11 +216,16 @@ def _facts(tenant: str, row: Mapping[str, Any]) -> LeafFacts:
 
 
 async def append_leaves(
-    conn: asyncpg.Connection, tenant: str, size: int, data: Sequence[bytes]
+    conn: asyncpg.Connection,
+    tenant: str,
+    size: int,
+    data: Sequence[bytes],
+    hashes: Sequence[bytes] | None = None,
 ) -> tuple[int, bytes]:
     """Append leaf data to the tenant's tiles and bundles (inside the caller's locked transaction);
-    answers the new size and root. Used by the integrator and by log-recover."""
-    hashes = [leaf_hash(d) for d in data]
+    answers the new size and root. Used by the integrator and by log-recover. `hashes`: the data's
+    leaf hashes, when the caller has them."""
+    hashes = [leaf_hash(d) for d in data] if hashes is None else hashes
     edge_refs = tiles.edge(size)
     bundle_key = (ENTRIES, size // TILE_WIDTH)
     have = await _fetch_tiles(conn, tenant, {(r.level, r.index) for r in edge_refs} | {bundle_key})
@@ -342,11 +358,15 @@ async def _judged_again(
 
 
 async def integrate_tenant(
-    conn: asyncpg.Connection, tenant: str, batch_size: int, refuse: Refuse = _no_refusal
+    conn: asyncpg.Connection,
+    tenant: str,
+    batch_size: int,
+    refuse: Refuse = _no_refusal,
+    built: Built | None = None,
 ) -> int | None:
     """Position the tenant's new receipts on the feed, then append the next batch to its log; answers
     how many leaves were appended (None when another writer, an integrator or the checkpointer, holds
-    the tenant's log state)."""
+    the tenant's log state). `built`: where the appended leaves are recorded once committed (Built)."""
     async with conn.transaction():
         await conn.fetchrow(sql("tenant_context"), tenant)
         last = await conn.fetchval(sql("feed_lock"), tenant)
@@ -360,7 +380,7 @@ async def integrate_tenant(
         size = int(state["size"])
         rows = await conn.fetch(sql("log_batch"), tenant, size, batch_size)
         checked = await _intact_receipts(conn, tenant, rows)
-        data = []
+        data: list[bytes] = []
         salts = os.urandom(32 * len(rows))  # one system call a batch, not one a leaf
         for k, row in enumerate(rows):
             if row["feed_position"] != size + 1 + k:  # the feed is gap-free; stop at anything else: a
@@ -385,12 +405,17 @@ async def integrate_tenant(
                 await asyncio.sleep(0)
         if not data:
             return 0
+        hashes = [leaf_hash(d) for d in data]
         try:
-            await append_leaves(conn, tenant, size, data)
+            await append_leaves(conn, tenant, size, data, hashes)
         except TilesDamaged:  # nothing written yet; refused (and counted) each pass until repaired
             refuse("root_mismatch", tenant)
             log.error("log_tiles_damaged", tenant=tenant, size=size)
             return 0
+    if built is not None and len(built) + len(data) <= BUILT_MAX:  # committed: the leaves are the log's
+        for k, digest in enumerate(hashes):
+            row = rows[k]
+            built[size + k] = (digest, row["operation_id"], row["row_version"])
     return len(data)
 
 
@@ -419,7 +444,9 @@ async def integrate(
     for tenant in tenants:
         if tenant in guard.behind:
             continue
-        appended = await integrate_tenant(conn, tenant, batch_size, refuse)
+        appended = await integrate_tenant(
+            conn, tenant, batch_size, refuse, guard.built.setdefault(tenant, {})
+        )
         # full: its batch, or as many as one pass positions on the feed (FEED_BATCH), whichever is less
         held |= appended is None
         full |= appended is not None and appended >= min(batch_size, FEED_BATCH)
@@ -478,15 +505,24 @@ def _position_of(leaf: _Checked) -> int | None:
     return index + 1 if type(index) is int else None
 
 
-async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, new: int) -> str | None:
+async def _check_new_entries(
+    conn: asyncpg.Connection, tenant: str, old: int, new: int, built: Built | None = None
+) -> str | None:
     """The entries appended since the signed size must hash to the level-0 tile hashes, and each
     leaf's receipt digest must still be its operation's (a row gone before its tombstone could have
-    expired: `receipt_missing`); the first failure's reason, else None."""
+    expired: `receipt_missing`); the first failure's reason, else None.
+
+    The short way (round 31): an entry that is the leaf this process's integrator built (`built`: the
+    same leaf hash), whose operation row is still the version the integrator verified and whose feed
+    position is the leaf's (log_rows_changed), is its operation's: the leaf was built from that row.
+    Every other entry, and every one whose row changed since, is decoded and compared in full."""
     first, last = old // TILE_WIDTH, (new - 1) // TILE_WIDTH
     keys = {(lvl, n) for n in range(first, last + 1) for lvl in (ENTRIES, 0)}
     got = await _fetch_tiles(conn, tenant, keys)
 
-    leaves: list[_Checked] = []
+    known = built or {}
+    short: list[tuple[str, int, int, bytes]] = []  # (operation ID, row version, feed position, entry)
+    full: list[bytes] = []
     for n in range(first, last + 1):
         try:
             entries = tiles.decode_bundle(got.get((ENTRIES, n), b""))
@@ -498,14 +534,30 @@ async def _check_new_entries(conn: asyncpg.Connection, tenant: str, old: int, ne
             index = n * TILE_WIDTH + i
             if not old <= index < new:
                 continue
-            if hashes[i * 32 : i * 32 + 32] != leaf_hash(entry):
+            digest = leaf_hash(entry)
+            if hashes[i * 32 : i * 32 + 32] != digest:
                 return "entry_mismatch"
-            try:
-                leaves.append(_decode_entry(entry))  # msgspec, three members: 5x json.loads' whole leaf
-            except ValueError:  # msgspec.DecodeError (and ValidationError) is one
-                return "entry_mismatch"
-    if len(leaves) != new - old:
+            ours = known.get(index)
+            if ours is not None and ours[0] == digest:
+                short.append((ours[1], ours[2], index + 1, entry))
+            else:
+                full.append(entry)
+    if len(short) + len(full) != new - old:
         return "entry_mismatch"
+    for part in _slices(short):
+        ids, versions, positions = [s[0] for s in part], [s[1] for s in part], [s[2] for s in part]
+        changed = {
+            r["operation_id"]
+            for r in await conn.fetch(sql("log_rows_changed"), tenant, ids, versions, positions)
+        }
+        full.extend(s[3] for s in part if s[0] in changed)
+        await asyncio.sleep(0)
+    leaves: list[_Checked] = []
+    for entry in full:
+        try:
+            leaves.append(_decode_entry(entry))  # msgspec, three members: 5x json.loads' whole leaf
+        except ValueError:  # msgspec.DecodeError (and ValidationError) is one
+            return "entry_mismatch"
     for part in _slices(leaves):
         ids = [str(leaf.operation_id) for leaf in part]
         current = {r["operation_id"]: r for r in await conn.fetch(sql("log_receipts_of"), tenant, ids)}
@@ -558,7 +610,9 @@ async def checkpoint_tenant(
         if reason is None and await _tile_root(conn, tenant, size) != root:
             reason = "root_mismatch"
         if reason is None:
-            reason = await _check_new_entries(conn, tenant, old.size, size)
+            reason = await _check_new_entries(
+                conn, tenant, old.size, size, _built_after(guard, tenant, old.size)
+            )
         if reason is None and old.size > 0:
             start, end = guard.audit_range(tenant, old.size)
             reason = await _check_new_entries(conn, tenant, start, end)
@@ -588,7 +642,19 @@ async def checkpoint_tenant(
             return None
         await conn.execute(sql("log_checkpoint_put"), tenant, size, root, note)
         await conn.execute(sql("log_signed"), tenant, size)
+    _built_after(guard, tenant, size)
     return size
+
+
+def _built_after(guard: LogGuard, tenant: str, size: int) -> Built:
+    """The tenant's built leaves, those a checkpoint of `size` covers forgotten (in place: an
+    integration pass may be adding to the same dict meanwhile)."""
+    built = guard.built.get(tenant)
+    if built is None:
+        return {}
+    for index in [index for index in built if index < size]:
+        del built[index]
+    return built
 
 
 # The signer's refusals that a stale read of its state explains.
