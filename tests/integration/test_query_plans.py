@@ -304,11 +304,12 @@ async def test_array_lookups_probe_the_key_per_id_whatever_the_statistics(db_url
     assert {r["operation_id"] for r in found} == set(wanted)
 
 
-async def test_the_integrators_events_lookup_probes_each_ids_events_whatever_the_statistics(
+async def test_the_integrators_head_lookup_reads_one_event_per_id_whatever_the_statistics(
     db_url: str,
 ) -> None:
-    """log_batch_events (round 29: the integrator's batch reads its events without the operation rows):
-    one probe of the events' primary key per ID, on a table never analysed, in both plan modes."""
+    """log_batch_heads (round 31: the integrator's batch reads each operation's head event, not its
+    chain): one backward probe of the events' primary key per ID, which reads the last event and no
+    other, on a table never analysed, in both plan modes."""
     tenant, grown = "t-events", 8000
     async with owner(db_url) as conn:  # three events an operation, as a committed cycle leaves; no analyse
         await conn.execute(
@@ -326,8 +327,8 @@ async def test_the_integrators_events_lookup_probes_each_ids_events_whatever_the
         analysed = "SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.events'::regclass"
         assert await conn.fetchval(analysed) is None
     wanted = [f"op-{i:05d}" for i in range(0, grown, grown // 64)][:64]
-    found = await probes_by_key(db_url, tenant, "log_batch_events", "events", wanted, 3 * len(wanted))
-    assert sorted((r["operation_id"], r["seq"]) for r in found) == [(w, s) for w in wanted for s in (1, 2, 3)]
+    found = await probes_by_key(db_url, tenant, "log_batch_heads", "events", wanted, len(wanted))
+    assert sorted((r["operation_id"], r["seq"]) for r in found) == [(w, 3) for w in wanted]
 
 
 async def test_the_feed_sequencer_reads_each_pending_row_once_whatever_the_statistics(db_url: str) -> None:

@@ -41,10 +41,10 @@ from effect_ledger.domain.note import (
     parse_note,
     parse_vkey,
 )
-from effect_ledger.domain.receipt_log import ProofInvalid, verify_proof
+from effect_ledger.domain.receipt_log import ProofInvalid, parse_proof_file, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
-from support.ledger import AUDITOR, CLAIM, claim, committed, get
+from support.ledger import AUDITOR, CLAIM, RECEIPT, call, claim, committed, get
 from support.ledger import owner as superuser
 from support.receipt_log import CLI, cli_process, log_settings
 from support.server import Service, free_port
@@ -1030,6 +1030,82 @@ async def test_a_receipt_edited_before_it_was_logged_never_enters_the_log(
         assert await size_of(client) == 1
         r = await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)
         assert r.status_code == 409 and r.json()["code"] == "not_yet_logged"
+
+
+# An event edited before its receipt is logged, as only an attacker could (the append-only triggers off).
+EVENT_EDIT = (
+    "UPDATE ledger.events SET data = jsonb_set(data, '{forged}', 'true')"
+    " WHERE tenant_id = 't1' AND operation_id = 'op-1' AND seq = $1"
+)
+
+
+@pytest.mark.storage
+async def test_the_integrator_checks_each_head_and_leaves_earlier_events_to_the_chain_it_commits_to(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """Round 31: the integrator reads each committed operation's head event (log_batch_heads), not its
+    whole chain, and checks it (its own hash, the row's head and commit hash, the receipt it recorded).
+    The committing event edited before the receipt is logged: refused, never logged. The claim event
+    edited: logged, because the leaf's chain_hash is the head's hash, which commits to the claim
+    event's original hash through its prev_hash: /v1/audit/verify names the edited seq, and the logged
+    chain_hash is still the one the unedited chain ends at."""
+    async with Service(settings) as off, off.client() as client:  # the log is not running yet
+        for i in range(3):
+            await committed(client, f"op-{i}")  # claim (seq 1), complete (seq 2)
+        head = (await get(client, "/v1/operations/op-1/events", **AUDITOR)).json()["items"][-1]["hash"]
+    async with superuser(db_url) as admin, admin.transaction():
+        await admin.execute("SET LOCAL session_replication_role = replica")
+        assert await admin.execute(EVENT_EDIT, 2) == "UPDATE 1"
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        await until(lambda: refusals(running, "receipt_mismatch"), "the edited head refused", within=60)
+        await wait_for_size(client, 1)  # op-0 only
+        await asyncio.sleep(1.5)
+        assert await size_of(client) == 1
+    async with superuser(db_url) as admin, admin.transaction():
+        await admin.execute("SET LOCAL session_replication_role = replica")
+        await admin.execute(
+            "UPDATE ledger.events SET data = data - 'forged'"
+            " WHERE tenant_id = 't1' AND operation_id = 'op-1' AND seq = 2"
+        )
+        assert await admin.execute(EVENT_EDIT, 1) == "UPDATE 1"
+    async with Service(log_settings(settings, tmp_path)) as running, running.client() as client:
+        await wait_for_size(client, 3)
+        assert refused_reasons(running) == set()
+        proof = (await get(client, "/v1/log/proof", {"operation_id": "op-1"}, **AUDITOR)).text
+        leaf = json.loads(parse_proof_file(proof).extra or b"")
+        assert leaf["chain_hash"] == head
+        r = await get(client, "/v1/audit/verify", {"operation_id": "op-1"}, **AUDITOR)
+        assert r.json() == {"ok": False, "checked": 1, "first_bad_seq": 1}
+
+
+async def test_the_integrator_reads_one_event_per_usual_operation_and_every_event_of_the_rest(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """The head suffices for a committed operation whose chain ends at its commit; one with a
+    conflicting report after the commit (a `discrepancy` event moves the head) is judged by its whole
+    chain (log_batch_chains), and logged."""
+    from effect_ledger.db.maintenance import owner_connection
+
+    async with Service(settings) as off, off.client() as client:
+        await committed(client, "op-0")
+        token = (await claim(client, "op-1", {**CLAIM})).json()["claim"]["token"]
+        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+        assert (await call(client, "op-1", "complete", done)).status_code == 200
+        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
+        r = await call(client, "op-1", "complete", other)
+        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
+        await committed(client, "op-2")
+    conn = await owner_connection(settings)
+    try:
+        observed = Observed(conn)
+        assert await receipt_log.integrate_tenant(observed, "t1", 10) == 3
+        chains = [args[1] for query, args in observed.ran if query == sql("log_batch_chains")]
+        assert chains == [["op-1"]]
+        assert [args[1] for query, args in observed.ran if query == sql("log_batch_heads")] == [
+            ["op-0", "op-1", "op-2"]
+        ]
+    finally:
+        await conn.close()
 
 
 def test_the_signer_answers_only_the_shared_token(tmp_path: Path) -> None:

@@ -38,8 +38,9 @@ from effect_ledger.db.catalogue import sql
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
-from effect_ledger.db.reads import chain_verdict, verdict_from
+from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
+from effect_ledger.domain.chain import link_holds
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest, receipt_digest_is
@@ -52,6 +53,7 @@ from effect_ledger.domain.note import (
 )
 from effect_ledger.domain.receipt_log import LeafFacts, leaf_data, origin_of, proof_file
 from effect_ledger.domain.tiles import ENTRIES, TILE_WIDTH, TileKey, TileRef
+from effect_ledger.domain.timefmt import format_ts
 from effect_ledger.domain.transitions import RECEIPT_CONTENT
 from effect_ledger.domain.witness import add_checkpoint_body, parse_witnesses
 from effect_ledger.settings import Settings
@@ -275,12 +277,14 @@ class _Verdicts:
 async def _intact_receipts(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]]
 ) -> _Verdicts:
-    """The operations of a batch whose hash chain recomputes and ends at the row's chain head, and
-    whose stored receipt is the one the chain recorded: the committing event's receipt, by its actor,
-    that event's hash the row's commit_hash (the hash the leaf records; a later `discrepancy` event
-    moves the head, not the commit). A tombstone has no events left to compare: its kept digest and
-    commit hash are taken as they are. A receipt the purge turned into a tombstone after the batch
-    read it is neither (the next pass reads the tombstone). One slice of operations at a time."""
+    """The operations of a batch whose chain head is the row's and records its stored receipt: the
+    committing event's receipt, by its actor, that event's hash the row's commit_hash (the hash the
+    leaf records; a later `discrepancy` event moves the head, not the commit), its own hash recomputed.
+    The head commits to every event before it (its prev_hash, and theirs): the leaf's chain_hash binds
+    the whole history, which /verify and any auditor recompute. A tombstone has no events left to
+    compare: its kept digest and commit hash are taken as they are. A receipt the purge turned into a
+    tombstone after the batch read it is neither (the next pass reads the tombstone). One slice of
+    operations at a time."""
     checked = _Verdicts()
     for part in _slices(rows):
         await _intact_slice(conn, tenant, part, checked)
@@ -291,27 +295,45 @@ async def _intact_receipts(
 async def _intact_slice(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
 ) -> None:
-    """The slice's events read, each chain checked against the head and base its row was read with; an
-    operation whose events do not lead there (purged or claimed anew since, an event appended since, or
-    an edit) is judged again with its row read anew (_judged_again)."""
-    events: dict[str, list[Mapping[str, Any]]] = {}
-    for event in await conn.fetch(sql("log_batch_events"), tenant, [r["operation_id"] for r in rows]):
-        events.setdefault(event["operation_id"], []).append(event)
+    """The slice's head events read (log_batch_heads), each checked against the row it was read with
+    (_head_records_receipt); an operation whose head is not that (purged or claimed anew since, an
+    event appended since, a purge base, a discrepancy after the commit, or an edit) is judged again
+    with its row read anew and its whole chain recomputed (_judged_again)."""
+    heads = {
+        e["operation_id"]: e
+        for e in await conn.fetch(sql("log_batch_heads"), tenant, [r["operation_id"] for r in rows])
+    }
     doubtful = []
     for row in rows:
         if row["receipt"] is None:  # a tombstone: its kept digest and commit hash are taken as they are
             checked.intact.add(row["operation_id"])
-            continue
-        chain = events.get(row["operation_id"], [])
-        if len(chain) > 1:  # the query leaves the order to us
-            chain.sort(key=itemgetter("seq"))
-        verdict = verdict_from(row, chain, "committed", row["attempt"], row["op_hash"])
-        if verdict.ok and _records_receipt(row, chain):
+        elif _head_records_receipt(row, heads.get(row["operation_id"])):
             checked.intact.add(row["operation_id"])
         else:
             doubtful.append(row)
     if doubtful:
         await _judged_again(conn, tenant, doubtful, checked)
+
+
+def _head_records_receipt(row: Mapping[str, Any], head: Mapping[str, Any] | None) -> bool:
+    """Whether the head event read for a committed row is the usual one: the event into committed
+    (from another status) at the row's attempt, whose hash is the row's chain head and commit hash and
+    recomputes from its own fields and prev_hash, and which recorded the row's receipt (_records_receipt),
+    on a chain no purge cut."""
+    return (
+        head is not None
+        and row["purged_seq"] is None
+        and head["hash"] == row["op_hash"] == row["commit_hash"]
+        and head["to_status"] == "committed"
+        and head["from_status"] != "committed"
+        and head["attempt"] == row["attempt"]
+        and _records_receipt(row, (head,))
+        and link_holds(
+            head["prev_hash"], row["operation_id"], head["seq"], format_ts(head["at"]), head["kind"],
+            head["actor"], head["from_status"], head["to_status"], head["attempt"], head["data"],
+            expected=head["hash"],
+        )
+    )  # fmt: skip
 
 
 def _records_receipt(row: Mapping[str, Any], chain: Sequence[Mapping[str, Any]]) -> bool:
