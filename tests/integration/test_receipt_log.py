@@ -25,7 +25,12 @@ from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
 from support.ledger import AUDITOR, CLAIM, RECEIPT, committed, get, owner, wait_for_size
-from support.receipt_log import integrate_twice, log_settings, purge_beside_the_next_check
+from support.receipt_log import (
+    commit_with_a_discrepancy,
+    integrate_twice,
+    log_settings,
+    purge_beside_the_next_check,
+)
 from support.server import Service
 from support.waiting import until
 
@@ -469,18 +474,8 @@ async def test_a_conflicting_report_recorded_before_the_receipt_is_logged_is_no_
     the discrepancy's data, and refused the tenant's log on every pass from then on."""
     from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection
-    from support.ledger import call, claim
 
-    async with Service(settings) as off, off.client() as client:  # the log is not running
-        await committed(client, "op-0")
-        r = await claim(client, "op-1", {**CLAIM})
-        token = r.json()["claim"]["token"]
-        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
-        assert (await call(client, "op-1", "complete", done)).status_code == 200
-        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
-        r = await call(client, "op-1", "complete", other)
-        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
-        await committed(client, "op-2")
+    await commit_with_a_discrepancy(settings)  # the log is not running
     refused: list[str] = []
     conn = await owner_connection(settings)
     try:

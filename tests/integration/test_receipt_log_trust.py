@@ -44,9 +44,9 @@ from effect_ledger.domain.note import (
 from effect_ledger.domain.receipt_log import ProofInvalid, parse_proof_file, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
-from support.ledger import AUDITOR, CLAIM, RECEIPT, call, claim, committed, get
+from support.ledger import AUDITOR, CLAIM, claim, committed, get
 from support.ledger import owner as superuser
-from support.receipt_log import CLI, cli_process, log_settings
+from support.receipt_log import CLI, cli_process, commit_with_a_discrepancy, log_settings
 from support.server import Service, free_port
 from support.waiting import until
 
@@ -1086,15 +1086,7 @@ async def test_the_integrator_reads_one_event_per_usual_operation_and_every_even
     chain (log_batch_chains), and logged."""
     from effect_ledger.db.maintenance import owner_connection
 
-    async with Service(settings) as off, off.client() as client:
-        await committed(client, "op-0")
-        token = (await claim(client, "op-1", {**CLAIM})).json()["claim"]["token"]
-        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
-        assert (await call(client, "op-1", "complete", done)).status_code == 200
-        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
-        r = await call(client, "op-1", "complete", other)
-        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
-        await committed(client, "op-2")
+    await commit_with_a_discrepancy(settings)
     conn = await owner_connection(settings)
     try:
         observed = Observed(conn)

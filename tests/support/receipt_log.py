@@ -75,3 +75,21 @@ async def integrate_twice(conn: Any) -> tuple[int | None, int | None, list[str]]
     first = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
     second = await receipt_log.integrate_tenant(conn, "t1", 50, lambda reason, _: refused.append(reason))
     return first, second, refused
+
+
+async def commit_with_a_discrepancy(settings: Settings) -> None:
+    """With the log off: op-0 committed; op-1 committed, then a retried complete with another receipt,
+    answered 409 conflicting_outcome, which appends a `discrepancy` event (committed -> committed) after
+    the receipt's `completed` event; op-2 committed."""
+    from support.ledger import CLAIM, RECEIPT, call, claim, committed
+    from support.server import Service
+
+    async with Service(settings) as off, off.client() as client:
+        await committed(client, "op-0")
+        token = (await claim(client, "op-1", {**CLAIM})).json()["claim"]["token"]
+        done = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+        assert (await call(client, "op-1", "complete", done)).status_code == 200
+        other = {**done, "receipt": {**RECEIPT, "external_ref": "another"}}
+        r = await call(client, "op-1", "complete", other)
+        assert (r.status_code, r.json()["code"]) == (409, "conflicting_outcome"), r.text
+        await committed(client, "op-2")
