@@ -26,8 +26,11 @@ async def test_the_sampler_counts_a_lanes_statement_and_the_time_nothing_runs(em
     finally:
         for conn in (lane, idle_lane, other):
             await conn.close()
-    asleep = ("Timeout: PgSleep",)
-    assert set(counts) == {(), asleep}, counts
+    asleep, on_cpu = ("Timeout: PgSleep",), ("CPU",)
+    # the lane's statement runs on a CPU around its sleep (parse, plan, the answer): a sample may land
+    # there, and on a slow machine did (round 31's CI: one of 197); never more than a few
+    assert set(counts) <= {(), asleep, on_cpu} and {(), asleep} <= set(counts), counts
+    assert counts[on_cpu] <= 5, counts
     # at one sample per 5 ms: ~120 while the statement ran and ~80 around it; far fewer on a busy machine
     assert counts[asleep] >= 20 and counts[()] >= 10, counts
     assert summary(counts).startswith(f"lanes ({sum(counts.values()):,} samples, ")
