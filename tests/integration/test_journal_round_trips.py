@@ -10,45 +10,15 @@ import asyncpg
 import pytest
 
 from effect_ledger.db import journal as repo
-from effect_ledger.db.catalogue import queries
 from effect_ledger.db.ledger import Ledger
 from effect_ledger.db.pools import create_role_pool
 from effect_ledger.db.urls import RUNTIME_ROLE
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.journal_history import AppendCommand, Caps
 from effect_ledger.settings import Settings
+from support.counting import CountingConnection
 
 SID = "ses_" + "R" * 24
-NAMES = {statement: name for name, statement in queries().items()}
-
-
-class CountingConnection:
-    """Forwards to a real connection and writes down the name of every statement sent."""
-
-    def __init__(self, conn: asyncpg.Connection, sent: list[str]) -> None:
-        self._conn, self._sent = conn, sent
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def transaction(self, **options: Any) -> Any:
-        return self._conn.transaction(**options)
-
-    async def _send(self, method: str, query: str, *args: Any) -> Any:
-        self._sent.append(NAMES[query])
-        return await getattr(self._conn, method)(query, *args)
-
-    async def fetch(self, query: str, *args: Any) -> Any:
-        return await self._send("fetch", query, *args)
-
-    async def fetchrow(self, query: str, *args: Any) -> Any:
-        return await self._send("fetchrow", query, *args)
-
-    async def fetchval(self, query: str, *args: Any) -> Any:
-        return await self._send("fetchval", query, *args)
-
-    async def execute(self, query: str, *args: Any) -> Any:
-        return await self._send("execute", query, *args)
 
 
 class CountingPool:

@@ -31,7 +31,6 @@ import httpx
 import pytest
 
 from effect_ledger.db import receipt_log
-from effect_ledger.db.catalogue import sql
 from effect_ledger.domain import merkle, tiles
 from effect_ledger.domain.note import (
     ALG_COSIGNATURE_V1,
@@ -44,6 +43,7 @@ from effect_ledger.domain.note import (
 from effect_ledger.domain.receipt_log import ProofInvalid, parse_proof_file, verify_proof
 from effect_ledger.settings import Settings, SettingsError
 from effect_ledger.signer import FileSigner, RemoteSigner, SignRefused, create_key, serve_signer
+from support.counting import CountingConnection
 from support.ledger import AUDITOR, CLAIM, claim, committed, get
 from support.ledger import owner as superuser
 from support.receipt_log import CLI, cli_process, commit_with_a_discrepancy, log_settings
@@ -335,26 +335,6 @@ class Checkpointing:
         return await self.sign()
 
 
-class Observed:
-    """An owner connection whose `fetch` statements are recorded with their arguments (the checkpointer
-    reads its tiles, its rows and its receipts with fetch)."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.ran: list[tuple[str, tuple[Any, ...]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
-
-    async def fetch(self, query: str, *args: Any) -> Any:
-        self.ran.append((query, args))
-        return await self.conn.fetch(query, *args)
-
-    def compared_in_full(self) -> list[str]:
-        """The operation IDs whose receipts were read and compared with their leaves."""
-        return [i for query, args in self.ran if query == sql("log_receipts_of") for i in args[1]]
-
-
 @pytest.mark.storage
 async def test_the_checkpointer_takes_the_integrators_word_only_for_rows_unchanged_since(
     settings: Settings, db_url: str, tmp_path: Path
@@ -367,18 +347,18 @@ async def test_the_checkpointer_takes_the_integrators_word_only_for_rows_unchang
         await log.grow(3)
         assert sorted(log.guard.built["t1"]) == [0, 1, 2]
         assert [v[1] for _, v in sorted(log.guard.built["t1"].items())] == ["op-0", "op-1", "op-2"]
-        observed = Observed(log.owner)
+        observed = CountingConnection(log.owner)
         assert await log.sign(observed) == 3
-        assert observed.compared_in_full() == [] and log.guard.built["t1"] == {}
-        assert [q for q, _ in observed.ran].count(sql("log_rows_changed")) == 1
+        assert observed.ids_sent("log_receipts_of") == [] and log.guard.built["t1"] == {}
+        assert observed.sent.count("log_rows_changed") == 1
 
         await log.grow(5)  # op-3 and op-4; then op-4's receipt edited before they are signed
         assert await admin.execute(TAMPERS["receipt"][0].replace("op-2", "op-4")) == "UPDATE 1"
-        observed = Observed(log.owner)
+        observed = CountingConnection(log.owner)
         assert await log.sign(observed) is None
         # op-4 alone compared in full (its row changed; op-3's is the version verified), and refused
         # (the audit of the signed leaves 0 .. 2 follows only new leaves that passed)
-        assert observed.compared_in_full() == ["op-4"]
+        assert observed.ids_sent("log_receipts_of") == [["op-4"]]
         assert log.refused == ["receipt_mismatch"] and await log.signed_size() == 3
 
 
@@ -1089,13 +1069,10 @@ async def test_the_integrator_reads_one_event_per_usual_operation_and_every_even
     await commit_with_a_discrepancy(settings)
     conn = await owner_connection(settings)
     try:
-        observed = Observed(conn)
-        assert await receipt_log.integrate_tenant(observed, "t1", 10) == 3
-        chains = [args[1] for query, args in observed.ran if query == sql("log_batch_chains")]
-        assert chains == [["op-1"]]
-        assert [args[1] for query, args in observed.ran if query == sql("log_batch_heads")] == [
-            ["op-0", "op-1", "op-2"]
-        ]
+        observed = CountingConnection(conn)
+        assert await receipt_log.integrate_tenant(observed, "t1", 10) == 3  # type: ignore[arg-type]
+        assert observed.ids_sent("log_batch_chains") == [["op-1"]]
+        assert observed.ids_sent("log_batch_heads") == [["op-0", "op-1", "op-2"]]
     finally:
         await conn.close()
 
