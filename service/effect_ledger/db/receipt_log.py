@@ -115,10 +115,10 @@ class LogGuard:
 Refuse = Callable[[str, str], None]  # (reason, tenant)
 
 # A leaf's index -> (its leaf hash, its operation ID, the version (xmin) of the row it was built from).
-# The integrator verified that row (its chain, its receipt against the chain) and built the leaf from
-# it; while the row is still that version and the entry still hashes to that leaf, the checkpointer has
-# nothing to compare again (_check_new_entries). Bounded: past BUILT_MAX leaves a tenant's are no longer
-# kept, and the checkpointer compares those in full.
+# The integrator verified that row (its head event, its receipt against that event: _intact_slice) and
+# built the leaf from it; while the row is still that version and the entry still hashes to that leaf,
+# the checkpointer has nothing to compare again (_check_new_entries). Bounded: past BUILT_MAX leaves a
+# tenant's are no longer kept, and the checkpointer compares those in full.
 Built = dict[int, tuple[bytes, str, int]]
 BUILT_MAX = 200_000
 
@@ -316,16 +316,14 @@ async def _intact_slice(
 
 
 def _head_records_receipt(row: Mapping[str, Any], head: Mapping[str, Any] | None) -> bool:
-    """Whether the head event read for a committed row is the usual one: the event into committed
-    (from another status) at the row's attempt, whose hash is the row's chain head and commit hash and
-    recomputes from its own fields and prev_hash, and which recorded the row's receipt (_records_receipt),
-    on a chain no purge cut."""
+    """Whether the head event read for a committed row is the usual one, on a chain no purge cut: the
+    row's chain head at the row's attempt, the event that recorded the row's receipt (_records_receipt:
+    into committed, by the receipt's recorder, its hash the commit hash), its hash recomputed from its
+    own fields and prev_hash."""
     return (
         head is not None
         and row["purged_seq"] is None
-        and head["hash"] == row["op_hash"] == row["commit_hash"]
-        and head["to_status"] == "committed"
-        and head["from_status"] != "committed"
+        and head["hash"] == row["op_hash"]
         and head["attempt"] == row["attempt"]
         and _records_receipt(row, (head,))
         and link_holds(
