@@ -238,14 +238,15 @@ def comparison(base: Sequence[Figures], variant: Sequence[Figures]) -> str:
     def mean(values: Sequence[float]) -> float:
         return sum(values) / len(values)
 
-    on, off = mean([f.rate for f in base]), mean([f.rate for f in variant])
+    base_rate, variant_rate = mean([f.rate for f in base]), mean([f.rate for f in variant])
     pairs = sorted(b.rate / v.rate for b, v in zip(base, variant, strict=False) if v.rate)
     middle = len(pairs) // 2
     median = pairs[middle] if len(pairs) % 2 else (pairs[middle - 1] + pairs[middle]) / 2
     logs = [f.log_us for f in base], [f.log_us for f in variant]
     return (
-        f"summary: base {on:,.0f}, variant {off:,.0f} cycles/s on the means ({len(base)} + {len(variant)}"
-        f" rounds); base / variant {on / off:.3f} (variant / base {off / on:.3f}); pairs {pairs[0]:.2f} -"
+        f"summary: base {base_rate:,.0f}, variant {variant_rate:,.0f} cycles/s on the means ({len(base)} +"
+        f" {len(variant)} rounds); base / variant {base_rate / variant_rate:.3f} (variant / base"
+        f" {variant_rate / base_rate:.3f}); pairs {pairs[0]:.2f} -"
         f" {pairs[-1]:.2f} (median {median:.3f}); serve's worker {mean([f.worker_us for f in base]):.1f} /"
         f" {mean([f.worker_us for f in variant]):.1f} us a request; its log process {min(logs[0]):.0f} -"
         f" {max(logs[0]):.0f} / {min(logs[1]):.0f} - {max(logs[1]):.0f} us a cycle"
