@@ -391,3 +391,50 @@ async def test_the_feed_sequencer_reads_each_pending_row_once_whatever_the_stati
             "SELECT tenant_id, operation_id FROM ledger.feed_pending ORDER BY operation_id"
         )
         assert [(r["tenant_id"], r["operation_id"]) for r in left] == [("t-other", o) for _, _, o in others]
+
+
+async def test_the_integrators_batch_probes_only_the_operations_it_takes_whatever_the_statistics(
+    db_url: str,
+) -> None:
+    """log_batch with a backlog on the feed (a log re-enabled after auditors' reads positioned its
+    receipts, a restart after a long stop): the batch's limit is taken on the feed, so a pass probes
+    the operations of its batch and no others, on tables no analyse has seen, in both plan modes. With
+    the limit after the join (until round 32) the custom plan here read every position after the log's
+    size, probed each one's operation and sorted them: 3,000 probes for a batch of 100."""
+    tenant, backlog, batch = "t-batch", 3000, 100
+    ops = [Seed(tenant, f"op-{i:05d}", "committed", START + timedelta(seconds=i)) for i in range(backlog)]
+    async with owner(db_url) as conn:
+        await seed(conn, ops)
+        await conn.execute(
+            "INSERT INTO ledger.feed (tenant_id, feed_position, operation_id)"
+            " SELECT $1, i + 1, 'op-' || lpad(i::text, 5, '0') FROM generate_series(0, $2 - 1) AS i",
+            tenant,
+            backlog,
+        )
+        for table in ("operations", "feed"):
+            analysed = (
+                f"SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.{table}'::regclass"
+            )
+            assert await conn.fetchval(analysed) is None
+        async with conn.transaction():
+            await conn.fetchrow(sql("tenant_context"), tenant)
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = json.loads(
+                    await conn.fetchval(
+                        "EXPLAIN (ANALYZE, FORMAT JSON) " + sql("log_batch"), tenant, 1000, batch
+                    )
+                )
+                shown = json.dumps(plan, indent=1)
+                probes = [
+                    n
+                    for n in nodes(plan[0]["Plan"])
+                    if n.get("Relation Name") == "operations"
+                    or n.get("Index Name", "").startswith("operations")
+                ]
+                assert probes, shown
+                assert sum(n["Actual Rows"] * n["Actual Loops"] for n in probes) == batch, shown
+            rows = await conn.fetch(sql("log_batch"), tenant, 1000, batch)
+    assert [(r["feed_position"], r["operation_id"]) for r in rows] == [
+        (1001 + i, f"op-{1000 + i:05d}") for i in range(batch)
+    ]
