@@ -14,7 +14,9 @@ the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in fli
 `--statements` adds what each statement did per cycle in the window, the receipts log's beside the write
 path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it). With a
 variant, the last line compares the two sides (`comparison`: the means of cycles/s and their ratio,
-each pair's ratio, serve's worker per request and its log process per cycle).
+each pair's ratio, the bracketed ratio with its 95 % interval, serve's worker per request and its log
+process per cycle). Read the interval before the means: a sitting of 16 rounds here tells apart
+differences of ~5 % at best (round 32).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
@@ -49,6 +51,7 @@ from effect_ledger_bench.loglag import settled_note
 from effect_ledger_bench.procs import log_process_cpu_seconds
 from effect_ledger_bench.service import ServiceProcess
 from effect_ledger_bench.statements import Statements, report
+from effect_ledger_bench.stats import ratio_interval
 from effect_ledger_bench.workload import TENANT
 
 SAMPLE_SECONDS = 0.1
@@ -228,10 +231,23 @@ class Figures:
         return self.serve_us - self.log_us / 3
 
 
+def bracketed(base: Sequence[Figures], variant: Sequence[Figures]) -> list[float]:
+    """base / variant for each variant round against the mean of the base rounds on either side of it
+    (the rounds alternate base, variant, base, ...). A sitting that drifts steadily moves a pair's ratio
+    (a base round and the variant round after it) by half a round's drift, always the same way; here
+    the drift weighs on both sides alike (round 32: sittings drifted 20 - 40 % within minutes)."""
+    return [
+        (base[i].rate + base[i + 1].rate) / 2 / variant[i].rate
+        for i in range(min(len(variant), len(base) - 1))
+        if variant[i].rate
+    ]
+
+
 def comparison(base: Sequence[Figures], variant: Sequence[Figures]) -> str:
     """The summary of alternating rounds (base, variant, base, ...): the two means of cycles/s and their
     ratio both ways, the ratios of each pair of rounds (a base round and the variant round after it),
-    serve's worker per request and the log process per cycle, each side's mean or range."""
+    the bracketed ratio (`bracketed`: their geometric mean and its 95 % interval, what the sitting can
+    tell apart), serve's worker per request and the log process per cycle, each side's mean or range."""
     if not base or not variant:
         return "summary: no variant rounds to compare"
 
@@ -243,11 +259,21 @@ def comparison(base: Sequence[Figures], variant: Sequence[Figures]) -> str:
     middle = len(pairs) // 2
     median = pairs[middle] if len(pairs) % 2 else (pairs[middle - 1] + pairs[middle]) / 2
     logs = [f.log_us for f in base], [f.log_us for f in variant]
+    between = bracketed(base, variant)
+    if len(between) >= 2:
+        ratio, low, high = ratio_interval(between)
+        interval = (
+            f"bracketed {ratio:.3f}, 95 % interval {low:.3f} - {high:.3f} ({len(between)} variant rounds"
+            " between base rounds)"
+        )
+    else:
+        interval = "bracketed: too few rounds for an interval"
     return (
         f"summary: base {base_rate:,.0f}, variant {variant_rate:,.0f} cycles/s on the means ({len(base)} +"
         f" {len(variant)} rounds); base / variant {base_rate / variant_rate:.3f} (variant / base"
         f" {variant_rate / base_rate:.3f}); pairs {pairs[0]:.2f} -"
-        f" {pairs[-1]:.2f} (median {median:.3f}); serve's worker {mean([f.worker_us for f in base]):.1f} /"
+        f" {pairs[-1]:.2f} (median {median:.3f}); {interval}; serve's worker"
+        f" {mean([f.worker_us for f in base]):.1f} /"
         f" {mean([f.worker_us for f in variant]):.1f} us a request; its log process {min(logs[0]):.0f} -"
         f" {max(logs[0]):.0f} / {min(logs[1]):.0f} - {max(logs[1]):.0f} us a cycle"
     )

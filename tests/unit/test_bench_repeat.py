@@ -3,6 +3,8 @@ the sampler that adds up their CPU."""
 
 from __future__ import annotations
 
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -10,7 +12,16 @@ import time
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from effect_ledger_bench.repeat import Figures, Sampler, comparison, kind_of, log_on, parse_variant
+from effect_ledger_bench.repeat import (
+    Figures,
+    Sampler,
+    bracketed,
+    comparison,
+    kind_of,
+    log_on,
+    parse_variant,
+)
+from effect_ledger_bench.stats import ratio_interval
 
 
 @pytest.mark.parametrize(
@@ -121,8 +132,9 @@ def test_alternating_rounds_are_summed_up_side_by_side() -> None:
     variant = [Figures(1217, 200, 0), Figures(1351, 176, 0), Figures(1557, 157, 0), Figures(1388, 167, 0)]
     assert comparison(base, variant) == (
         "summary: base 1,336, variant 1,378 cycles/s on the means (4 + 4 rounds); base / variant 0.969"
-        " (variant / base 1.032); pairs 0.87 - 1.13 (median 0.953); serve's worker 170.8 / 175.0 us a"
-        " request; its log process 48 - 52 / 0 - 0 us a cycle"
+        " (variant / base 1.032); pairs 0.87 - 1.13 (median 0.953); bracketed 0.978, 95 % interval 0.698 -"
+        " 1.371 (3 variant rounds between base rounds); serve's worker 170.8 / 175.0 us a request; its log"
+        " process 48 - 52 / 0 - 0 us a cycle"
     )
 
 
@@ -132,4 +144,31 @@ def test_an_odd_round_count_pairs_what_it_can_and_a_lone_side_is_said() -> None:
     line = comparison(base, variant)
     assert "base 1,000, variant 1,000 cycles/s on the means (3 + 2 rounds); base / variant 1.000" in line
     assert "pairs 1.00 - 1.10 (median 1.050)" in line
+    assert "bracketed 1.025, 95 % interval" in line  # 1,050 / 1,000 and 1,000 / 1,000
     assert comparison(base, []) == "summary: no variant rounds to compare"
+    assert "bracketed: too few rounds for an interval" in comparison(base[:2], variant[:1])
+
+
+def test_a_steady_drift_moves_every_pair_and_not_the_bracketed_ratio() -> None:
+    # the same code on both sides while the sitting slows by 100 cycles/s a round: each pair (a base
+    # round, then the variant round after it) reads 1.07 - 1.14, the bracketed ratio exactly 1
+    rates = [1600 - 100 * k for k in range(10)]
+    base = [Figures(r, 200, 50) for r in rates[0::2]]
+    variant = [Figures(r, 200, 50) for r in rates[1::2]]
+    assert bracketed(base, variant) == [1.0, 1.0, 1.0, 1.0]
+    line = comparison(base, variant)
+    assert "pairs 1.07 - 1.14" in line
+    assert "bracketed 1.000, 95 % interval 1.000 - 1.000 (4 variant rounds between base rounds)" in line
+
+
+def test_the_interval_is_students_t_on_the_logarithms_of_the_ratios() -> None:
+    # logarithms -0.1, 0, 0.1: mean 0, standard deviation 0.1, t(2) = 4.303; half-width 4.303 * 0.1 / sqrt(3)
+    ratio, low, high = ratio_interval([math.exp(-0.1), 1.0, math.exp(0.1)])
+    assert ratio == pytest.approx(1.0)
+    assert (low, high) == (pytest.approx(0.780021, abs=1e-6), pytest.approx(1.282016, abs=1e-6))
+    # forty ratios: past the table, t is taken as 2.0
+    _, low, high = ratio_interval([math.exp(0.1), math.exp(-0.1)] * 20)
+    half = 2.0 * statistics.stdev([0.1, -0.1] * 20) / math.sqrt(40)
+    assert (low, high) == (pytest.approx(math.exp(-half)), pytest.approx(math.exp(half)))
+    with pytest.raises(ValueError):
+        ratio_interval([1.0])
