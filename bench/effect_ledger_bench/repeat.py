@@ -15,8 +15,8 @@ the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in fli
 path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it). With a
 variant, the last line compares the two sides (`comparison`: the means of cycles/s and their ratio,
 each pair's ratio, the bracketed ratio with its 95 % interval, serve's worker per request and its log
-process per cycle). Read the interval before the means: a sitting of 16 rounds here tells apart
-differences of ~5 % at best (round 32).
+process per cycle). Read the interval before the means: a sitting of 16 - 24 rounds here tells apart
+differences of ~7 - 12 % (round 32).
 Autovacuum workers live for a fraction of a second and the postmaster reaps them, so PostgreSQL's
 processes are sampled every 0.1 s from a thread: an autovacuum worker counts from its start, a
 backend opened between two samples from its first sample (at most its first 0.1 s is missed), and
