@@ -23,6 +23,7 @@ from effect_ledger.domain.merkle import (
     leaf_hash,
     naive_root,
     node_hash,
+    perfect_root,
     tree_root,
     verify_consistency,
     verify_inclusion,
@@ -164,6 +165,19 @@ def test_every_mutated_proof_fails(small_store: dict[tuple[int, int], bytes]) ->
             proof = consistency_proof(old, size, read)
             for bad in mutations(proof):
                 assert not verify_consistency(old, size, naive_root(d[:old]), root, bad), (old, size)
+
+
+def test_a_perfect_tree_is_hashed_level_by_level_as_the_naive_recursion_does() -> None:
+    """perfect_root (full tiles and the aligned subtrees in them) against RFC 6962's recursion, for
+    every power of two a tile holds; a count that is no power of two is refused, not hashed."""
+    hashes = [leaf_hash(bytes([i % 256, i // 256])) for i in range(256)]
+    for width in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for start in (0, 256 - width):
+            assert perfect_root(hashes[start : start + width]) == naive_root(hashes[start : start + width])
+    assert perfect_root(hashes) != perfect_root(hashes[::-1])
+    for count in (0, 3, 6, 255):
+        with pytest.raises(ValueError):
+            perfect_root(hashes[:count])
 
 
 def test_out_of_range_proofs_are_refused() -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from effect_ledger.domain.merkle import HASH_SIZE, naive_root
+from effect_ledger.domain.merkle import HASH_SIZE, perfect_root
 
 TILE_WIDTH = 256
 TILE_HEIGHT = 8
@@ -140,9 +140,9 @@ def append(size: int, edge_tiles: Mapping[int, bytes], leaves: Sequence[bytes]) 
             touched.add((level, index))
             if len(buf) < FULL_TILE_BYTES:
                 break
-            changed[(level, index)] = bytes(buf)
+            full = changed[(level, index)] = bytes(buf)
             touched.discard((level, index))
-            carry = naive_root([bytes(buf[i : i + HASH_SIZE]) for i in range(0, FULL_TILE_BYTES, HASH_SIZE)])
+            carry = perfect_root([full[i : i + HASH_SIZE] for i in range(0, FULL_TILE_BYTES, HASH_SIZE)])
             buffers[level] = bytearray()
             level += 1
     for level, index in touched:
@@ -171,7 +171,7 @@ def read_nodes(nodes: Sequence[tuple[int, int]], tiles: Mapping[TileKey, bytes])
         end = start + (HASH_SIZE << rest)
         if tile is None or len(tile) < end:
             raise LookupError(f"tile {level}/{first // TILE_WIDTH} lacks node {k}/{n}")
-        out.append(naive_root([tile[i : i + HASH_SIZE] for i in range(start, end, HASH_SIZE)]))
+        out.append(perfect_root([tile[i : i + HASH_SIZE] for i in range(start, end, HASH_SIZE)]))
     return out
 
 
