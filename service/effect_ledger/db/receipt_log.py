@@ -40,7 +40,7 @@ from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.chain import link_holds
+from effect_ledger.domain.chain import event_holds
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest, receipt_digest_is
@@ -326,12 +326,8 @@ def _head_records_receipt(row: Mapping[str, Any], head: Mapping[str, Any] | None
         and head["hash"] == row["op_hash"]
         and head["attempt"] == row["attempt"]
         and _records_receipt(row, (head,))
-        and link_holds(
-            head["prev_hash"], row["operation_id"], head["seq"], format_ts(head["at"]), head["kind"],
-            head["actor"], head["from_status"], head["to_status"], head["attempt"], head["data"],
-            expected=head["hash"],
-        )
-    )  # fmt: skip
+        and event_holds(head, format_ts(head["at"]))
+    )
 
 
 def _records_receipt(row: Mapping[str, Any], chain: Sequence[Mapping[str, Any]]) -> bool:
@@ -433,8 +429,8 @@ async def integrate_tenant(
             log.error("log_tiles_damaged", tenant=tenant, size=size)
             return 0
     if built is not None and len(built) + len(data) <= BUILT_MAX:  # committed: the leaves are the log's
-        for k, digest in enumerate(hashes):
-            row = rows[k]
+        # the first len(data) rows built the data, in order (a pass that stopped early left the rest)
+        for k, (digest, row) in enumerate(zip(hashes, rows, strict=False)):
             built[size + k] = (digest, row["operation_id"], row["row_version"])
     return len(data)
 

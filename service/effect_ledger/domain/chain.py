@@ -97,6 +97,16 @@ def link_holds(prev_hash: str, *fields: Any, expected: str, row: bool = True) ->
 _sha256 = hashlib.sha256
 
 
+def event_holds(event: Mapping[str, Any], at: Any, *, row: bool = True) -> bool:
+    """Whether an event as stored (a mapping of its fields, its own `prev_hash` and `hash`) hashes to its
+    `hash` over its `prev_hash` (link_holds); `at` as hashed (a database row's rendered by the caller)."""
+    return link_holds(
+        event["prev_hash"], event["operation_id"], event["seq"], at, event["kind"], event["actor"],
+        event["from_status"], event["to_status"], event["attempt"], event["data"],
+        expected=event["hash"], row=row,
+    )  # fmt: skip
+
+
 def first_bad_seq(
     events: Iterable[Mapping[str, Any]],
     base_seq: int = 0,
@@ -115,14 +125,7 @@ def first_bad_seq(
         checked += 1
         seq = event["seq"]
         at = event["at"] if format_at is None else format_at(event["at"])
-        if (
-            seq != expected_seq
-            or event["prev_hash"] != prev
-            or not link_holds(
-                prev, event["operation_id"], seq, at, event["kind"], event["actor"], event["from_status"],
-                event["to_status"], event["attempt"], event["data"], expected=event["hash"], row=rows,
-            )
-        ):  # fmt: skip
+        if seq != expected_seq or event["prev_hash"] != prev or not event_holds(event, at, row=rows):
             return checked, int(seq)
         prev = event["hash"]
         expected_seq += 1

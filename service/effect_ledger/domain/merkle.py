@@ -183,14 +183,13 @@ def verify_consistency(old: int, new: int, old_root: bytes, new_root: bytes, pro
 def perfect_root(hashes: Sequence[bytes]) -> bytes:
     """MTH over a power-of-two count of leaf (or subtree) hashes, pair by pair, level by level: a full
     tile, and every aligned subtree inside one, is such a tree. naive_root's result without its
-    recursion's calls and slices (a full tile of 256: 111 against 192 us, round 32)."""
+    recursion's calls and slices (a full tile of 256: ~130 against ~195 us, round 32)."""
     count = len(hashes)
     if count == 0 or count & (count - 1):
         raise ValueError(f"a perfect tree has a power-of-two count of hashes, not {count}")
     level = list(hashes)
-    sha256 = hashlib.sha256
     while len(level) > 1:
-        level = [sha256(b"\x01" + a + b).digest() for a, b in zip(level[0::2], level[1::2], strict=True)]
+        level = [node_hash(a, b) for a, b in zip(level[0::2], level[1::2], strict=True)]
     return level[0]
 
 
