@@ -400,7 +400,7 @@ async def test_the_integrators_batch_probes_only_the_operations_it_takes_whateve
     receipts, a restart after a long stop): the batch's limit is taken on the feed, so a pass probes
     the operations of its batch and no others, on tables no analyse has seen, in both plan modes. With
     the limit after the join (until round 32) the custom plan here read every position after the log's
-    size, probed each one's operation and sorted them: 3,000 probes for a batch of 100."""
+    size, probed each one's operation and sorted them: 2,000 probes for a batch of 100."""
     tenant, backlog, batch = "t-batch", 3000, 100
     ops = [Seed(tenant, f"op-{i:05d}", "committed", START + timedelta(seconds=i)) for i in range(backlog)]
     async with owner(db_url) as conn:
