@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,30 @@ def machine() -> Machine:
                 model = line.split(":", 1)[1].strip()
                 break
     return Machine(os.cpu_count() or 1, model, psutil.virtual_memory().total / 2**30, platform.release())
+
+
+def interpreter() -> str:
+    """The Python this process (and serve, started from the script beside it) runs on: its version,
+    its executable, and whether the interpreter is a shared libpython (pyenv's default build) or is
+    linked into the executable (Debian's and python.org's optimised builds). Round 33: the build alone
+    moved serve's CPU a request by 12 % on one machine (docs/performance.md)."""
+    real = os.path.realpath(sys.executable)
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    library = libpython_mapped(maps)
+    linked = f"libpython shared: {library}" if library else "libpython linked in"
+    return f"Python {platform.python_version()} ({real}, {linked})"
+
+
+def libpython_mapped(maps: str) -> str | None:
+    """The libpython shared library a /proc/<pid>/maps text shows mapped, if any."""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path (when any)
+        if len(fields) == 6 and Path(fields[5]).name.startswith("libpython"):
+            return fields[5].strip()
+    return None
 
 
 def tree_cpu_seconds(pid: int) -> float:

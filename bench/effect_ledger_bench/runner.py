@@ -37,7 +37,7 @@ from effect_ledger_bench.neighbour import (
     QUIET_EXECUTORS,
     neighbour_rows,
 )
-from effect_ledger_bench.procs import machine
+from effect_ledger_bench.procs import interpreter, machine
 from effect_ledger_bench.report import (
     CLAIM_P99_MS,
     GROWTH_P50_FACTOR,
@@ -787,6 +787,7 @@ class Bench:
             f"PostgreSQL {self.cluster.version} ({where}); serve --workers {c.workers} "
             f"(HTTP server {Settings.from_env().http_server}); "
             f"{c.concurrency} executors; load generator {self.generator_name}",
+            f"serve on {interpreter()}",
             f"load average: {self.load_before:.2f} before, {self.load_after:.2f} after (one minute; the run "
             f"itself keeps the cores busy, so 'after' is high on a quiet machine too)",
         ]

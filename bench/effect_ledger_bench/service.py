@@ -24,13 +24,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serve_command() -> list[str]:
-    """The installed `effect-ledger` script beside this interpreter, else the same CLI through -m."""
-    script = Path(sys.executable).parent / "effect-ledger"
+# serve under another interpreter (`repeat --variant EFFECT_LEDGER_BENCH_PYTHON=/other/venv/bin/python`):
+# the interpreter's build is a lever of its own (docs/performance.md, round 33)
+SERVE_PYTHON = "EFFECT_LEDGER_BENCH_PYTHON"
+
+
+def serve_command(python: str | None = None) -> list[str]:
+    """The installed `effect-ledger` script beside `python` (this interpreter by default), else the
+    same CLI through -m."""
+    interpreter = python or sys.executable
+    script = Path(interpreter).parent / "effect-ledger"
     if script.exists():
         return [str(script)]
-    found = shutil.which("effect-ledger")
-    return [found] if found else [sys.executable, "-m", "effect_ledger.cli"]
+    found = None if python else shutil.which("effect-ledger")
+    return [found] if found else [interpreter, "-m", "effect_ledger.cli"]
 
 
 class ServiceProcess:
@@ -68,7 +75,7 @@ class ServiceProcess:
     async def start(self, within: float = 90.0) -> None:
         """Start serving and wait until /readyz answers 200."""
         argv = [
-            *serve_command(),
+            *serve_command(self._env.get(SERVE_PYTHON)),
             "serve",
             "--workers",
             str(self.workers),

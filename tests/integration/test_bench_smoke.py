@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -104,7 +105,10 @@ def test_smoke_run_prints_every_row_in_order(pg_admin_url: str) -> None:
     assert run.returncode == 0, run.stderr[-4000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith("effect-ledger bench: ") and "PostgreSQL " in lines[1]
-    assert re.match(r"load average: [\d.]+ before, [\d.]+ after", lines[2])
+    assert lines[2].startswith(
+        f"serve on Python {platform.python_version()} ({os.path.realpath(sys.executable)}, "
+    )
+    assert re.match(r"load average: [\d.]+ before, [\d.]+ after", lines[3])
     table = [line for line in lines if re.match(r"\d  ", line)]
     assert len(table) == len(ROWS), run.stdout
     for pattern, line in zip(ROWS, table, strict=True):
