@@ -9,7 +9,8 @@ prints per round: cycles/s, serve's CPU per request, the claim's p50/p99, and Po
 split by process kind. `--analyze-after N` analyses the ledger's tables after round N, to tell a young
 table's statistics from the machine's drift. `--variant` sets serve's environment on every second round
 (A, B, A, B, ...): an A/B of one setting against the sitting's drift (`EFFECT_LEDGER_WORKERS=N` there
-sets serve's `--workers` for those rounds). `--lanes` adds where the worker's write lanes were during
+sets serve's `--workers` for those rounds; `EFFECT_LEDGER_BENCH_PYTHON=<another venv's python>` runs serve
+from the script beside that interpreter). `--lanes` adds where the worker's write lanes were during
 the window (effect_ledger_bench.lanes: on a CPU, in the WAL's flush, none in flight, ...).
 `--statements` adds what each statement did per cycle in the window, the receipts log's beside the write
 path's (effect_ledger_bench.statements: pg_stat_statements, on a server that preloads it). With a
