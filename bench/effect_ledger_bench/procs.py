@@ -44,7 +44,7 @@ def interpreter() -> str:
     """The Python this process (and serve, started from the script beside it) runs on: its version,
     its executable, and whether the interpreter is a shared libpython (pyenv's default build) or is
     linked into the executable (Debian's and python.org's optimised builds). Round 33: the build alone
-    moved serve's CPU a request by 12 % on one machine (docs/performance.md)."""
+    moved serve's CPU a request by 12 - 18 % on one machine (docs/performance.md)."""
     real = os.path.realpath(sys.executable)
     try:
         maps = Path("/proc/self/maps").read_text()

@@ -38,7 +38,7 @@ def test_the_test_command_installs_with_uv_into_the_clones_venv() -> None:
 def test_where_pyenv_chooses_python3_both_commands_take_the_systems_optimised_build() -> None:
     # both README commands start with `python3 -m venv`, run in the repository: pyenv's shim (and uv)
     # read .python-version there; `system` is the distribution's interpreter (round 33: Debian's
-    # PGO + LTO build spent 12 % less CPU a request than pyenv's default build)
+    # PGO + LTO build spent 12 - 18 % less CPU a request than pyenv's default build)
     assert (ROOT / ".python-version").read_text("ascii") == "system\n"
     fenced = (ROOT / "README.md").read_text("utf-8").split("```bash\n", 1)[1].split("```", 1)[0]
     assert [line.split(" && ")[0] for line in fenced.splitlines()] == ["python3 -m venv .venv"] * 2
