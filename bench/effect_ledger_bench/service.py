@@ -25,7 +25,9 @@ def free_port() -> int:
 
 
 # serve under another interpreter (`repeat --variant EFFECT_LEDGER_BENCH_PYTHON=/other/venv/bin/python`):
-# the interpreter's build is a lever of its own (docs/performance.md, round 33)
+# the interpreter's build is a lever of its own (docs/performance.md, round 33). Read from a
+# ServiceProcess's extra environment only (a variant's), never from the bench's own, so that every row of
+# `effect-ledger bench` runs serve on the interpreter its title names; not passed on to serve.
 SERVE_PYTHON = "EFFECT_LEDGER_BENCH_PYTHON"
 
 
@@ -55,6 +57,8 @@ class ServiceProcess:
         self.port = free_port()
         self.workers = workers
         self.log_path = workdir / f"serve-{self.port}.log"
+        extra = dict(extra_env or {})
+        self.python = extra.pop(SERVE_PYTHON, None)  # None: serve beside this interpreter
         self._env = {
             **os.environ,
             "EFFECT_LEDGER_DATABASE_URL": database_url,
@@ -62,7 +66,7 @@ class ServiceProcess:
             "EFFECT_LEDGER_JWT_ALGORITHM": "HS256",
             "EFFECT_LEDGER_DATA_DIR": str(workdir / "serve-data"),
             **rate_limit_env(),  # one principal drives every throughput row: no limit but the flooder's
-            **(extra_env or {}),
+            **extra,
         }
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -72,10 +76,10 @@ class ServiceProcess:
         assert self._proc is not None
         return self._proc.pid
 
-    async def start(self, within: float = 90.0) -> None:
-        """Start serving and wait until /readyz answers 200."""
-        argv = [
-            *serve_command(self._env.get(SERVE_PYTHON)),
+    def command(self) -> list[str]:
+        """serve's command line: the script beside the chosen interpreter, this server's port."""
+        return [
+            *serve_command(self.python),
             "serve",
             "--workers",
             str(self.workers),
@@ -84,9 +88,16 @@ class ServiceProcess:
             "--port",
             str(self.port),
         ]
+
+    async def start(self, within: float = 90.0) -> None:
+        """Start serving and wait until /readyz answers 200."""
         with self.log_path.open("wb") as log:
             self._proc = await asyncio.create_subprocess_exec(
-                *argv, env=self._env, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+                *self.command(),
+                env=self._env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + within
         async with httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}", timeout=2) as client:

@@ -8,8 +8,10 @@ import platform
 import sys
 from pathlib import Path
 
+import pytest
+
 from effect_ledger_bench.procs import interpreter, libpython_mapped
-from effect_ledger_bench.service import serve_command
+from effect_ledger_bench.service import SERVE_PYTHON, ServiceProcess, serve_command
 
 SHARED_MAPS = """\
 55d4c000-55d4d000 r--p 00000000 fd:01 1234  /root/.pyenv/versions/3.11.7/bin/python3.11
@@ -50,3 +52,20 @@ def test_serve_runs_from_the_script_beside_the_interpreter_asked_for(tmp_path: P
     beside = Path(sys.executable).parent / "effect-ledger"
     assert beside.exists()  # the test extras install the service's scripts beside this interpreter
     assert serve_command() == [str(beside)]
+
+
+def test_only_a_variant_chooses_serves_interpreter_and_serve_never_sees_the_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "venv" / "bin"
+    other.mkdir(parents=True)
+    (other / "effect-ledger").touch()
+    variant = ServiceProcess(
+        "postgresql://x/y", "s", 1, tmp_path, {SERVE_PYTHON: str(other / "python"), "A": "b"}
+    )
+    assert variant.command()[:2] == [str(other / "effect-ledger"), "serve"]
+    assert SERVE_PYTHON not in variant._env and variant._env["A"] == "b"
+    # set in the bench's own environment it is not a variant: the bench's rows run on its title's Python
+    monkeypatch.setenv(SERVE_PYTHON, str(other / "python"))
+    plain = ServiceProcess("postgresql://x/y", "s", 1, tmp_path)
+    assert plain.command()[0] == serve_command()[0] != str(other / "effect-ledger")
