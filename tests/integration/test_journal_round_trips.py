@@ -16,13 +16,13 @@ from effect_ledger.db.urls import RUNTIME_ROLE
 from effect_ledger.domain.errors import LedgerError
 from effect_ledger.domain.journal_history import AppendCommand, Caps
 from effect_ledger.settings import Settings
-from support.counting import CountingConnection
+from support.counting import Call, CountingConnection
 
 SID = "ses_" + "R" * 24
 
 
 class CountingPool:
-    def __init__(self, pool: asyncpg.Pool, sent: list[str]) -> None:
+    def __init__(self, pool: asyncpg.Pool, sent: list[Call]) -> None:
         self._pool, self._sent = pool, sent
 
     def acquire(self, timeout: float | None = None) -> Any:
@@ -40,13 +40,13 @@ def user(text: str) -> dict[str, Any]:
 
 async def test_each_call_sends_the_statements_its_docstring_counts(db_url: str) -> None:
     pool = await create_role_pool(Settings(database_url=db_url), RUNTIME_ROLE, 2)
-    sent: list[str] = []
+    sent: list[Call] = []
     ledger = Ledger(CountingPool(pool, sent), 2.0)  # type: ignore[arg-type]
 
     async def calls(run: Any) -> list[str]:
         sent.clear()
         await run
-        return list(sent)
+        return [name for name, _ in sent]
 
     try:
         assert await calls(repo.create_session(ledger, "t1", "p", SID, {})) == [

@@ -12,14 +12,21 @@ from effect_ledger.db.catalogue import queries
 NAMES = {statement: name for name, statement in queries().items()}
 
 
-class CountingConnection:
-    """Forwards to a real connection and writes down the name of every statement sent (`sent`), and
-    the name with its arguments (`calls`)."""
+Call = tuple[str, tuple[Any, ...]]  # a statement's catalogue name and its arguments
 
-    def __init__(self, conn: asyncpg.Connection, sent: list[str] | None = None) -> None:
+
+class CountingConnection:
+    """Forwards to a real connection and writes down every statement sent, by name with its arguments
+    (`calls`: a list of the caller's to share between connections, or its own)."""
+
+    def __init__(self, conn: asyncpg.Connection, calls: list[Call] | None = None) -> None:
         self._conn = conn
-        self.sent: list[str] = [] if sent is None else sent
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.calls: list[Call] = [] if calls is None else calls
+
+    @property
+    def sent(self) -> list[str]:
+        """The names of the statements sent, in order."""
+        return [name for name, _ in self.calls]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -28,7 +35,6 @@ class CountingConnection:
         return self._conn.transaction(**options)
 
     async def _send(self, method: str, query: str, *args: Any) -> Any:
-        self.sent.append(NAMES[query])
         self.calls.append((NAMES[query], args))
         return await getattr(self._conn, method)(query, *args)
 
