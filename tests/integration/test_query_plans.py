@@ -304,33 +304,6 @@ async def test_array_lookups_probe_the_key_per_id_whatever_the_statistics(db_url
     assert {r["operation_id"] for r in found} == set(wanted)
 
 
-async def test_the_integrators_head_lookup_reads_one_event_per_id_whatever_the_statistics(
-    db_url: str,
-) -> None:
-    """log_batch_heads (round 31: the integrator's batch reads each operation's head event, not its
-    chain): one backward probe of the events' primary key per ID, which reads the last event and no
-    other, on a table never analysed, in both plan modes."""
-    tenant, grown = "t-events", 8000
-    async with owner(db_url) as conn:  # three events an operation, as a committed cycle leaves; no analyse
-        await conn.execute(
-            """
-            INSERT INTO ledger.events (tenant_id, operation_id, seq, at, kind, actor, from_status, to_status,
-                                       attempt, data, prev_hash, hash)
-            SELECT $1, 'op-' || lpad(i::text, 5, '0'), s, $2, 'claimed', 'p', NULL, 'pending', 1, '{}',
-                   repeat('0', 64), repeat('a', 64)
-            FROM generate_series(0, $3 - 1) AS i, generate_series(1, 3) AS s
-            """,
-            tenant,
-            START,
-            grown,
-        )
-        analysed = "SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.events'::regclass"
-        assert await conn.fetchval(analysed) is None
-    wanted = [f"op-{i:05d}" for i in range(0, grown, grown // 64)][:64]
-    found = await probes_by_key(db_url, tenant, "log_batch_heads", "events", wanted, len(wanted))
-    assert sorted((r["operation_id"], r["seq"]) for r in found) == [(w, 3) for w in wanted]
-
-
 async def test_the_feed_sequencer_reads_each_pending_row_once_whatever_the_statistics(db_url: str) -> None:
     """feed_assign on a table no analyse has seen yet (a new deployment's first receipts, one tenant's
     backlog): every plan node runs once, so a batch costs what its rows cost. A join of the batch back
@@ -398,9 +371,11 @@ async def test_the_integrators_batch_probes_only_the_operations_it_takes_whateve
 ) -> None:
     """log_batch with a backlog on the feed (a log re-enabled after auditors' reads positioned its
     receipts, a restart after a long stop): the batch's limit is taken on the feed, so a pass probes
-    the operations of its batch and no others, on tables no analyse has seen, in both plan modes. With
-    the limit after the join (until round 32) the custom plan here read every position after the log's
-    size, probed each one's operation and sorted them: 2,000 probes for a batch of 100."""
+    the operations of its batch and no others, and reads each one's head event and no other event (one
+    backward probe of the events' primary key: round 34, the heads read with the rows), on tables no
+    analyse has seen, in both plan modes. With the limit after the join (until round 32) the custom plan
+    here read every position after the log's size, probed each one's operation and sorted them: 2,000
+    probes for a batch of 100."""
     tenant, backlog, batch = "t-batch", 3000, 100
     ops = [Seed(tenant, f"op-{i:05d}", "committed", START + timedelta(seconds=i)) for i in range(backlog)]
     async with owner(db_url) as conn:
@@ -411,7 +386,19 @@ async def test_the_integrators_batch_probes_only_the_operations_it_takes_whateve
             tenant,
             backlog,
         )
-        for table in ("operations", "feed"):
+        await conn.execute(  # three events an operation, as a committed cycle leaves
+            """
+            INSERT INTO ledger.events (tenant_id, operation_id, seq, at, kind, actor, from_status, to_status,
+                                       attempt, data, prev_hash, hash)
+            SELECT $1, 'op-' || lpad(i::text, 5, '0'), s, $2, 'claimed', 'p', NULL, 'pending', 1, '{}',
+                   repeat('0', 64), repeat('a', 64)
+            FROM generate_series(0, $3 - 1) AS i, generate_series(1, 3) AS s
+            """,
+            tenant,
+            START,
+            backlog,
+        )
+        for table in ("operations", "feed", "events"):
             analysed = (
                 f"SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 'ledger.{table}'::regclass"
             )
@@ -426,15 +413,17 @@ async def test_the_integrators_batch_probes_only_the_operations_it_takes_whateve
                     )
                 )
                 shown = json.dumps(plan, indent=1)
-                probes = [
-                    n
-                    for n in nodes(plan[0]["Plan"])
-                    if n.get("Relation Name") == "operations"
-                    or n.get("Index Name", "").startswith("operations")
-                ]
-                assert probes, shown
-                assert sum(n["Actual Rows"] * n["Actual Loops"] for n in probes) == batch, shown
+                for table in ("operations", "events"):
+                    probes = [
+                        n
+                        for n in nodes(plan[0]["Plan"])
+                        if n.get("Relation Name") == table or n.get("Index Name", "").startswith(table)
+                    ]
+                    assert probes, shown
+                    for probe in probes:
+                        assert "operation_id" in probe.get("Index Cond", ""), shown
+                    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in probes) == batch, shown
             rows = await conn.fetch(sql("log_batch"), tenant, 1000, batch)
-    assert [(r["feed_position"], r["operation_id"]) for r in rows] == [
-        (1001 + i, f"op-{1000 + i:05d}") for i in range(batch)
+    assert [(r["feed_position"], r["operation_id"], r["head_seq"]) for r in rows] == [
+        (1001 + i, f"op-{1000 + i:05d}", 3) for i in range(batch)
     ]

@@ -431,13 +431,15 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(
     assert merkle.tree_root(600, lambda nodes: tiles.read_nodes(nodes, store)) == bytes(root)
 
 
-async def test_a_receipt_purged_while_its_batch_is_checked_waits_for_the_next_pass_without_an_alarm(
+async def test_a_receipt_purged_while_its_batch_is_checked_is_logged_as_read_without_an_alarm(
     settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The log turned on late (its receipts older than the retention) while the purge runs: a receipt
-    the batch read with its body, purged into a tombstone before the batch's chains were read, is no
-    edit. The pass stops in front of it without a `receipt_mismatch` refusal, and the next pass logs
-    the tombstone (its kept digest). Before round 17 each such race counted and logged a refusal."""
+    the batch read with its body and head event (one statement, one snapshot: round 34), purged into a
+    tombstone before the batch is checked, is no edit. The pass logs it as read, without a
+    `receipt_mismatch` refusal, and the leaf carries the digest the tombstone keeps. Before round 17
+    each such race counted and logged a refusal; from round 17 to 33 (the heads a second statement) the
+    pass stopped in front of it and the next one logged the tombstone."""
     from effect_ledger.db.maintenance import owner_connection
 
     async with Service(settings) as off, off.client() as client:  # the log is not running
@@ -448,7 +450,13 @@ async def test_a_receipt_purged_while_its_batch_is_checked_waits_for_the_next_pa
     purge_beside_the_next_check(monkeypatch, settings, 3)  # tombstones, beside the open pass
     conn = await owner_connection(settings)
     try:
-        assert await integrate_twice(conn) == (0, 3, [])
+        assert await integrate_twice(conn) == (3, 0, [])
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM ledger.operations WHERE tenant_id = 't1' AND receipt IS NULL"
+            )
+            == 3
+        )  # the purge ran: the pass logged what it read before it
         bundle = await conn.fetchval(
             "SELECT data FROM ledger.log_tiles WHERE tenant_id = 't1' AND level = -1"
         )
@@ -502,13 +510,14 @@ async def test_a_conflicting_report_recorded_before_the_receipt_is_logged_is_no_
         await conn.close()
 
 
-async def test_a_conflicting_report_recorded_between_the_batchs_two_reads_is_no_edit(
+async def test_a_conflicting_report_recorded_after_the_batchs_read_is_no_edit_and_no_second_read(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The batch's rows are read first, their events after (round 29: without the rows again). A
-    `discrepancy` event appended in between moves the chain past the head the row was read with: that
-    operation alone is read again with its row (`_judged_again`), its chain holds from the new head, and
-    its receipt is logged with the hash of the event that committed it; nothing is refused."""
+    """The batch's rows and their head events are read in one statement (round 34; until then the heads
+    were a second statement, and a `discrepancy` event appended between the two moved the chain past
+    the head the row was read with, so that operation was read again with its whole chain). A
+    discrepancy appended after the read changes nothing the pass saw: no operation is judged again,
+    nothing is refused, and the receipt is logged with the hash of the event that committed it."""
     from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection
     from support.ledger import call, claim
@@ -550,7 +559,7 @@ async def test_a_conflicting_report_recorded_between_the_batchs_two_reads_is_no_
             )
         finally:
             await conn.close()
-    assert (appended, refused, again) == (3, [], [["op-1"]])
+    assert (appended, refused, again) == (3, [], [])
     assert [h["kind"] for h in hashes][-2:] == ["completed", "discrepancy"]
     leaf = json.loads(tiles.decode_bundle(bundle)[1])
     assert leaf["operation_id"] == "op-1" and leaf["chain_hash"] == hashes[-2]["hash"] != hashes[-1]["hash"]

@@ -1023,8 +1023,8 @@ EVENT_EDIT = (
 async def test_the_integrator_checks_each_head_and_leaves_earlier_events_to_the_chain_it_commits_to(
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
-    """Round 31: the integrator reads each committed operation's head event (log_batch_heads), not its
-    whole chain, and checks it (its own hash, the row's head and commit hash, the receipt it recorded).
+    """Round 31: the integrator reads each committed operation's head event (with its row in log_batch
+    since round 34), not its whole chain, and checks it (its own hash, the row's head and commit hash, the receipt it recorded).
     The committing event edited before the receipt is logged: refused, never logged. The claim event
     edited: logged, because the leaf's chain_hash is the head's hash, which commits to the claim
     event's original hash through its prev_hash: /v1/audit/verify names the edited seq, and the logged
@@ -1071,8 +1071,11 @@ async def test_the_integrator_reads_one_event_per_usual_operation_and_every_even
     try:
         observed = CountingConnection(conn)
         assert await receipt_log.integrate_tenant(observed, "t1", 10) == 3  # type: ignore[arg-type]
+        assert [name for name in observed.sent if name.startswith("log_batch")] == [
+            "log_batch",  # the rows with their head events, in one statement (round 34)
+            "log_batch_chains",
+        ]
         assert observed.ids_sent("log_batch_chains") == [["op-1"]]
-        assert observed.ids_sent("log_batch_heads") == [["op-0", "op-1", "op-2"]]
     finally:
         await conn.close()
 

@@ -53,7 +53,8 @@ def cli_process(*args: str, env: dict[str, str]) -> Iterator[dict[str, str]]:
 
 def purge_beside_the_next_check(monkeypatch: Any, settings: Settings, purged: int) -> None:
     """The next integration pass checks its batch only after a purge (which must purge `purged`
-    operations) ran between its two reads: the batch's rows, then their chains."""
+    operations) ran: after log_batch read the rows and their heads, before an operation whose head was
+    not the usual one is read again with its chain (_judged_again)."""
     from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import purge
 

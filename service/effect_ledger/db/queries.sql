@@ -691,12 +691,19 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 
 -- name: log_batch
 -- The next committed receipts in feed order after the log's size (ledger.feed's primary key, each
--- operation probed by its own, as list_receipts); a tombstone keeps its position and its receipt
--- digest, so its leaf is built all the same. commit_hash: the leaf's chain_hash, the hash of the event
--- that committed it (0023; the chain head for a row without one). op_hash, purged_seq, purged_hash:
--- the chain's head and base: log_batch_heads' head event must be that head, on a chain no purge cut;
--- an operation whose head, read in a later snapshot, is not (a purge in between, an event appended,
--- an edit), or whose chain a purge cut, is judged by log_batch_chains.
+-- operation probed by its own, as list_receipts), each with its chain's head event (head_*: the last
+-- by seq, one backward probe of the events' primary key; NULL for an operation without events); a
+-- tombstone keeps its position and its receipt digest, so its leaf is built all the same.
+-- commit_hash: the leaf's chain_hash, the hash of the event that committed it (0023; the chain head for
+-- a row without one). op_hash, purged_seq, purged_hash: the chain's head and base. The integrator
+-- checks the head event against the row: in a committed operation's usual chain it is the committing
+-- event, its hash the row's chain_hash and commit_hash, and it records the receipt; it commits to the
+-- events before it through its prev_hash. The row and its head come from one snapshot (until round 34
+-- the heads were a statement of their own, log_batch_heads, a slice of 64 at a time: a purge or an
+-- event committed between the two reads looked like an edit until the chain was read again; logcpu,
+-- alternating, 16 rounds each way: ~3 us of Python and ~0.5 - 2 of PostgreSQL a receipt less). Any
+-- other shape (a discrepancy after the commit, a purge base, a head that is not the row's) is judged
+-- by log_batch_chains.
 -- row_version: the row's xmin, the transaction that wrote this version of it (any UPDATE writes a new
 -- one): the checkpointer's log_rows_changed compares it instead of the receipt (round 31).
 -- The limit is taken on the feed, before any operation is probed (round 32): on a feed no analyse had
@@ -704,7 +711,7 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 -- an operation probed for each, then a top-N sort; a backlog of n receipts cost each pass n probes
 -- (logcpu's 6,000: 12 buffers and 13 us of PostgreSQL a receipt, against 3 and 4.5). An operation not
 -- found leaves a gap in the positions either way, which the integrator refuses at that position.
-SELECT o.*, f.feed_position
+SELECT o.*, f.feed_position, h.*
 FROM (
     SELECT f.feed_position, f.operation_id
     FROM ledger.feed AS f
@@ -720,6 +727,15 @@ CROSS JOIN LATERAL (
     WHERE o.tenant_id = $1 AND o.operation_id = f.operation_id AND o.status = 'committed'
     OFFSET 0
 ) AS o
+LEFT JOIN LATERAL (
+    SELECT e.seq AS head_seq, e.at AS head_at, e.kind AS head_kind, e.actor AS head_actor,
+           e.from_status AS head_from_status, e.to_status AS head_to_status, e.attempt AS head_attempt,
+           e.data AS head_data, e.prev_hash AS head_prev_hash, e.hash AS head_hash
+    FROM ledger.events AS e
+    WHERE e.tenant_id = $1 AND e.operation_id = o.operation_id
+    ORDER BY e.seq DESC
+    LIMIT 1
+) AS h ON true
 ORDER BY f.feed_position;
 
 -- name: log_tiles_get
@@ -897,27 +913,6 @@ ON CONFLICT (tenant_id, operation_id) DO UPDATE SET feed_position = EXCLUDED.fee
 -- log-recover: the feed counter at least at the recovered log's size.
 INSERT INTO ledger.feed_counters (tenant_id, last_position) VALUES ($1, $2)
 ON CONFLICT (tenant_id) DO UPDATE SET last_position = GREATEST(ledger.feed_counters.last_position, $2);
-
--- name: log_batch_heads
--- The head event of each operation of an integration batch (none for one that has none): the last by
--- seq, one backward probe of the events' primary key per operation (ORDER BY ... LIMIT 1 in the LATERAL
--- keeps it a parameterised lookup). The integrator checks the head against the row log_batch read: in
--- a committed operation's usual chain it is the committing event, its hash the row's chain_hash and
--- commit_hash, and it records the receipt; it commits to the events before it through its prev_hash.
--- Any other shape (a discrepancy after the commit, a purge base, a head that is not the row's) is
--- judged by log_batch_chains, every event read (round 31; until then log_batch_events read all three
--- events of every operation here: measured by logcpu, alternating, ~14 us of Python a receipt less;
--- the backend's share within its 1.7 us resolution).
-SELECT k.operation_id, e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data,
-       e.prev_hash, e.hash
-FROM (SELECT DISTINCT unnest($2::text[])) AS k(operation_id)
-CROSS JOIN LATERAL (
-    SELECT e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt, e.data, e.prev_hash, e.hash
-    FROM ledger.events AS e
-    WHERE e.tenant_id = $1 AND e.operation_id = k.operation_id
-    ORDER BY e.seq DESC
-    LIMIT 1
-) AS e;
 
 -- name: log_rows_changed
 -- Of some leaves the integrator of this process built (operation ID, the row_version log_batch read,

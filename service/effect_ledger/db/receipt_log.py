@@ -40,7 +40,7 @@ from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.chain import event_holds
+from effect_ledger.domain.chain import link_holds
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest, receipt_digest_is
@@ -267,8 +267,9 @@ def _slices(items: Sequence[Any]) -> list[Sequence[Any]]:
 
 @dataclass(slots=True)
 class _Verdicts:
-    """A batch's verdicts: the operations intact, and those purged into tombstones after the batch read
-    them (their rows and chains were read by two statements, each with its own snapshot)."""
+    """A batch's verdicts: the operations intact, and those purged into tombstones between the batch's
+    read and the second read of an operation whose head was not the usual one (_judged_again: two
+    statements, each with its own snapshot)."""
 
     intact: set[str] = field(default_factory=set)
     purged: set[str] = field(default_factory=set)
@@ -282,9 +283,11 @@ async def _intact_receipts(
     leaf records; a later `discrepancy` event moves the head, not the commit), its own hash recomputed.
     The head commits to every event before it (its prev_hash, and theirs): the leaf's chain_hash binds
     the whole history, which /verify and any auditor recompute. A tombstone has no events left to
-    compare: its kept digest and commit hash are taken as they are. A receipt the purge turned into a
-    tombstone after the batch read it is neither (the next pass reads the tombstone). One slice of
-    operations at a time."""
+    compare: its kept digest and commit hash are taken as they are. A receipt the purge turns into a
+    tombstone after the batch read it is judged as read (its row and head come from one snapshot, and
+    the leaf built from them is the one the tombstone would give: the same digest and commit hash),
+    unless its head was not the usual one: then the second read finds the tombstone, and the next pass
+    logs it. One slice of operations at a time."""
     checked = _Verdicts()
     for part in _slices(rows):
         await _intact_slice(conn, tenant, part, checked)
@@ -295,19 +298,15 @@ async def _intact_receipts(
 async def _intact_slice(
     conn: asyncpg.Connection, tenant: str, rows: Sequence[Mapping[str, Any]], checked: _Verdicts
 ) -> None:
-    """The slice's head events read (log_batch_heads), each checked against the row it was read with
-    (_head_records_receipt); an operation whose head is not that (purged or claimed anew since, an
-    event appended since, a purge base, a discrepancy after the commit, or an edit) is judged again
-    with its row read anew and its whole chain recomputed (_judged_again)."""
-    heads = {
-        e["operation_id"]: e
-        for e in await conn.fetch(sql("log_batch_heads"), tenant, [r["operation_id"] for r in rows])
-    }
+    """Each row checked against the head event log_batch read with it, in the same snapshot
+    (_head_records_receipt); an operation whose head is not the usual one (a discrepancy after the
+    commit, a purge base, or an edit) is judged again with its row read anew and its whole chain
+    recomputed (_judged_again)."""
     doubtful = []
     for row in rows:
         if row["receipt"] is None:  # a tombstone: its kept digest and commit hash are taken as they are
             checked.intact.add(row["operation_id"])
-        elif _head_records_receipt(row, heads.get(row["operation_id"])):
+        elif _head_records_receipt(row):
             checked.intact.add(row["operation_id"])
         else:
             doubtful.append(row)
@@ -315,38 +314,51 @@ async def _intact_slice(
         await _judged_again(conn, tenant, doubtful, checked)
 
 
-def _head_records_receipt(row: Mapping[str, Any], head: Mapping[str, Any] | None) -> bool:
-    """Whether the head event read for a committed row is the usual one, on a chain no purge cut: the
-    row's chain head at the row's attempt, the event that recorded the row's receipt (_records_receipt:
-    into committed, by the receipt's recorder, its hash the commit hash), its hash recomputed from its
-    own fields and prev_hash."""
-    return (
-        head is not None
-        and row["purged_seq"] is None
-        and head["hash"] == row["op_hash"]
-        and head["attempt"] == row["attempt"]
-        and _records_receipt(row, (head,))
-        and event_holds(head, format_ts(head["at"]))
-    )
+def _head_records_receipt(row: Mapping[str, Any]) -> bool:
+    """Whether a committed row's head event (log_batch's head_* columns) is the usual one, on a chain
+    no purge cut: the row's chain head at the row's attempt, the event that recorded the row's receipt
+    (into committed, by the receipt's recorder, its hash the commit hash: _recorded), its hash
+    recomputed from its own fields and prev_hash."""
+    digest = row["head_hash"]
+    if (
+        digest is None  # no events
+        or row["purged_seq"] is not None
+        or digest != row["op_hash"]
+        or row["head_attempt"] != row["attempt"]
+        or row["head_to_status"] != "committed"
+        or row["head_from_status"] == "committed"
+    ):
+        return False
+    actor, data = row["head_actor"], row["head_data"]
+    return _recorded(row, data, actor, digest) and link_holds(
+        row["head_prev_hash"], row["operation_id"], row["head_seq"], format_ts(row["head_at"]),
+        row["head_kind"], actor, row["head_from_status"], "committed", row["head_attempt"], data,
+        expected=digest,
+    )  # fmt: skip
 
 
 def _records_receipt(row: Mapping[str, Any], chain: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the row's stored receipt is the one its chain recorded: the last event *into* committed
     (a `discrepancy` event, committed -> committed, records a conflicting report after it, and carries
-    no receipt), by the receipt's recorder, that event's hash the row's commit_hash (the leaf's)."""
+    no receipt; _recorded)."""
     events = [
         e
         for e in chain
         if e["seq"] is not None and e["to_status"] == "committed" and e["from_status"] != "committed"
     ]
-    if not events:
-        return False
-    recorded = (events[-1]["data"] or {}).get("receipt") or {}
+    return bool(events) and _recorded(row, events[-1]["data"], events[-1]["actor"], events[-1]["hash"])
+
+
+def _recorded(row: Mapping[str, Any], data: Any, actor: Any, digest: Any) -> bool:
+    """Whether the event into committed with this `data`, `actor` and hash recorded the row's stored
+    receipt: the receipt in its data is the row's, by the receipt's recorder, and its hash is the row's
+    commit_hash (the leaf's)."""
+    recorded = (data or {}).get("receipt") or {}
     stored = row["receipt"]
     return (
         all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
-        and stored.get("recorded_by") == events[-1]["actor"]
-        and events[-1]["hash"] == row["commit_hash"]
+        and stored.get("recorded_by") == actor
+        and digest == row["commit_hash"]
     )
 
 
