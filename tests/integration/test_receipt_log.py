@@ -432,15 +432,18 @@ async def test_concurrent_integrators_write_one_log_in_feed_order(
 
 
 async def test_a_receipt_purged_while_its_batch_is_checked_is_logged_as_read_without_an_alarm(
-    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The log turned on late (its receipts older than the retention) while the purge runs: a receipt
     the batch read with its body and head event (one statement, one snapshot: round 34), purged into a
     tombstone before the batch is checked, is no edit. The pass logs it as read, without a
     `receipt_mismatch` refusal, and the leaf carries the digest the tombstone keeps. Before round 17
     each such race counted and logged a refusal; from round 17 to 33 (the heads a second statement) the
-    pass stopped in front of it and the next one logged the tombstone."""
+    pass stopped in front of it and the next one logged the tombstone. The checkpointer, comparing each
+    new leaf with its operation's row (now the tombstone), signs all three."""
+    from effect_ledger.db import receipt_log
     from effect_ledger.db.maintenance import owner_connection
+    from effect_ledger.signer import signer_from_settings
 
     async with Service(settings) as off, off.client() as client:  # the log is not running
         for i in range(3):
@@ -468,6 +471,16 @@ async def test_a_receipt_purged_while_its_batch_is_checked_is_logged_as_read_wit
             "SELECT operation_id, receipt_digest FROM ledger.operations WHERE tenant_id = 't1' AND receipt IS NULL"
         )
         assert logged == {r["operation_id"]: r["receipt_digest"] for r in kept} and len(logged) == 3
+        signing = log_settings(settings, tmp_path)
+        refused: list[str] = []
+        signed = await receipt_log.checkpoint(
+            conn,
+            signer_from_settings(signing),
+            receipt_log.LogConfig(signing.log_origin, 0),
+            receipt_log.LogGuard(),
+            lambda reason, _: refused.append(reason),
+        )
+        assert (signed, refused) == ([("t1", 3)], [])
     finally:
         await conn.close()
 
