@@ -424,6 +424,6 @@ async def test_the_integrators_batch_probes_only_the_operations_it_takes_whateve
                         assert "operation_id" in probe.get("Index Cond", ""), shown
                     assert sum(n["Actual Rows"] * n["Actual Loops"] for n in probes) == batch, shown
             rows = await conn.fetch(sql("log_batch"), tenant, 1000, batch)
-    assert [(r["feed_position"], r["operation_id"], r["head_seq"]) for r in rows] == [
+    assert [(r["feed_position"], r["operation_id"], r["seq"]) for r in rows] == [
         (1001 + i, f"op-{1000 + i:05d}", 3) for i in range(batch)
     ]

@@ -983,6 +983,10 @@ EDITED_BEFORE_LOGGED = {
     # marked purged with its body kept: not the purge racing a pass (that waits without a refusal), an edit
     "half purged": "UPDATE ledger.operations SET purged_seq = 1, purged_hash = repeat('a', 64)"
     " WHERE tenant_id = 't1' AND operation_id = 'op-1'",
+    # the committing event's attempt alone (its hash kept, the append-only trigger off): the hash still
+    # holds over the row's attempt, so only the head's attempt against the row's tells (round 34)
+    "head's attempt": "SET session_replication_role = replica; UPDATE ledger.events SET attempt = 2"
+    " WHERE tenant_id = 't1' AND operation_id = 'op-1' AND seq = 2",
 }
 
 
@@ -1024,8 +1028,8 @@ async def test_the_integrator_checks_each_head_and_leaves_earlier_events_to_the_
     settings: Settings, db_url: str, tmp_path: Path
 ) -> None:
     """Round 31: the integrator reads each committed operation's head event (with its row in log_batch
-    since round 34), not its whole chain, and checks it (its own hash, the row's head and commit hash, the receipt it recorded).
-    The committing event edited before the receipt is logged: refused, never logged. The claim event
+    since round 34), not its whole chain, and checks it (its own hash, the row's head and commit hash,
+    the receipt it recorded). The committing event edited before the receipt is logged: refused, never logged. The claim event
     edited: logged, because the leaf's chain_hash is the head's hash, which commits to the claim
     event's original hash through its prev_hash: /v1/audit/verify names the edited seq, and the logged
     chain_hash is still the one the unedited chain ends at."""

@@ -691,9 +691,12 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 
 -- name: log_batch
 -- The next committed receipts in feed order after the log's size (ledger.feed's primary key, each
--- operation probed by its own, as list_receipts), each with its chain's head event (head_*: the last
--- by seq, one backward probe of the events' primary key; NULL for an operation without events); a
--- tombstone keeps its position and its receipt digest, so its leaf is built all the same.
+-- operation probed by its own, as list_receipts), each with its chain's head event (the last by seq,
+-- one backward probe of the events' primary key; NULLs for an operation without events): its columns
+-- under an event's own names (seq, at, kind, actor, from_status, to_status, data, prev_hash, hash), so
+-- the row is also the event domain/chain.event_holds and _records_receipt read, except its attempt,
+-- head_attempt, beside the operation's; a tombstone keeps its position and its receipt digest, so its
+-- leaf is built all the same.
 -- commit_hash: the leaf's chain_hash, the hash of the event that committed it (0023; the chain head for
 -- a row without one). op_hash, purged_seq, purged_hash: the chain's head and base. The integrator
 -- checks the head event against the row: in a committed operation's usual chain it is the committing
@@ -728,9 +731,8 @@ CROSS JOIN LATERAL (
     OFFSET 0
 ) AS o
 LEFT JOIN LATERAL (
-    SELECT e.seq AS head_seq, e.at AS head_at, e.kind AS head_kind, e.actor AS head_actor,
-           e.from_status AS head_from_status, e.to_status AS head_to_status, e.attempt AS head_attempt,
-           e.data AS head_data, e.prev_hash AS head_prev_hash, e.hash AS head_hash
+    SELECT e.seq, e.at, e.kind, e.actor, e.from_status, e.to_status, e.attempt AS head_attempt, e.data,
+           e.prev_hash, e.hash
     FROM ledger.events AS e
     WHERE e.tenant_id = $1 AND e.operation_id = o.operation_id
     ORDER BY e.seq DESC

@@ -40,7 +40,7 @@ from effect_ledger.db.maintenance import OwnerLink, in_background
 from effect_ledger.db.pools import tenant_tx
 from effect_ledger.db.reads import chain_verdict
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.chain import link_holds
+from effect_ledger.domain.chain import event_holds
 from effect_ledger.domain.errors import LedgerError, not_found, validation_failed
 from effect_ledger.domain.merkle import NodeReader, leaf_hash
 from effect_ledger.domain.model import receipt_digest, receipt_digest_is
@@ -315,50 +315,38 @@ async def _intact_slice(
 
 
 def _head_records_receipt(row: Mapping[str, Any]) -> bool:
-    """Whether a committed row's head event (log_batch's head_* columns) is the usual one, on a chain
-    no purge cut: the row's chain head at the row's attempt, the event that recorded the row's receipt
-    (into committed, by the receipt's recorder, its hash the commit hash: _recorded), its hash
-    recomputed from its own fields and prev_hash."""
-    digest = row["head_hash"]
-    if (
-        digest is None  # no events
-        or row["purged_seq"] is not None
-        or digest != row["op_hash"]
-        or row["head_attempt"] != row["attempt"]
-        or row["head_to_status"] != "committed"
-        or row["head_from_status"] == "committed"
-    ):
-        return False
-    actor, data = row["head_actor"], row["head_data"]
-    return _recorded(row, data, actor, digest) and link_holds(
-        row["head_prev_hash"], row["operation_id"], row["head_seq"], format_ts(row["head_at"]),
-        row["head_kind"], actor, row["head_from_status"], "committed", row["head_attempt"], data,
-        expected=digest,
-    )  # fmt: skip
+    """Whether a committed row's head event (log_batch reads it into the row, under the event's own
+    column names) is the usual one, on a chain no purge cut: the row's chain head at the row's attempt,
+    the event that recorded the row's receipt (_records_receipt: into committed, by the receipt's
+    recorder, its hash the commit hash), its hash recomputed from its own fields and prev_hash
+    (event_holds reads the row's `attempt`, the operation's, which must be the head's)."""
+    return (
+        row["hash"] is not None  # an operation without events has no head
+        and row["purged_seq"] is None
+        and row["hash"] == row["op_hash"]
+        and row["head_attempt"] == row["attempt"]
+        and _records_receipt(row, (row,))
+        and event_holds(row, format_ts(row["at"]))
+    )
 
 
 def _records_receipt(row: Mapping[str, Any], chain: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the row's stored receipt is the one its chain recorded: the last event *into* committed
     (a `discrepancy` event, committed -> committed, records a conflicting report after it, and carries
-    no receipt; _recorded)."""
+    no receipt), by the receipt's recorder, that event's hash the row's commit_hash (the leaf's)."""
     events = [
         e
         for e in chain
         if e["seq"] is not None and e["to_status"] == "committed" and e["from_status"] != "committed"
     ]
-    return bool(events) and _recorded(row, events[-1]["data"], events[-1]["actor"], events[-1]["hash"])
-
-
-def _recorded(row: Mapping[str, Any], data: Any, actor: Any, digest: Any) -> bool:
-    """Whether the event into committed with this `data`, `actor` and hash recorded the row's stored
-    receipt: the receipt in its data is the row's, by the receipt's recorder, and its hash is the row's
-    commit_hash (the leaf's)."""
-    recorded = (data or {}).get("receipt") or {}
+    if not events:
+        return False
+    recorded = (events[-1]["data"] or {}).get("receipt") or {}
     stored = row["receipt"]
     return (
         all(stored.get(k) == recorded.get(k) for k in RECEIPT_CONTENT)
-        and stored.get("recorded_by") == actor
-        and digest == row["commit_hash"]
+        and stored.get("recorded_by") == events[-1]["actor"]
+        and events[-1]["hash"] == row["commit_hash"]
     )
 
 
