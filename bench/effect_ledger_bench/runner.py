@@ -68,6 +68,11 @@ LOG_ON_ROWS = ("log_on_again", "log_on_third")
 LOG_OFF_ROWS = ("log_off", "log_off_again")
 
 
+def _apart(values: list[float]) -> float:
+    """How far apart positive figures of the same measurement are: the largest over the smallest."""
+    return max(values) / min(values)
+
+
 def _rates(layers: list[Layer]) -> str:
     """Rows' cycles/s, `a and b`."""
     return " and ".join(f"{x.rate:,.0f}" for x in layers) or "none"
@@ -606,9 +611,9 @@ class Bench:
         if len(pair) < 2:
             return 1.0
         (a, b) = pair
-        drifts = [max(a.rate, b.rate) / min(a.rate, b.rate)]
+        drifts = [_apart([a.rate, b.rate])]
         if a.pg_ms() > 0 and b.pg_ms() > 0:  # NaN (a server elsewhere) compares false
-            drifts.append(max(a.pg_ms(), b.pg_ms()) / min(a.pg_ms(), b.pg_ms()))
+            drifts.append(_apart([a.pg_ms(), b.pg_ms()]))
         return max(drifts)
 
     def lean_figures(self) -> tuple[float, float, str]:
@@ -639,13 +644,23 @@ class Bench:
         lean, service = self.layers.get("lean"), self.layers.get("service")
 
         def ratio_row(
-            name: str, top: float, bottom: float, goal: str, ok: bool, notes: str, row: str
+            name: str,
+            top: float,
+            bottom: float,
+            goal: str,
+            ok: bool,
+            notes: str,
+            row: str,
+            withheld: str | None = None,
         ) -> None:
-            """top / bottom against `goal`. Every ratio row is printed: on a busy machine, or when its
-            denominator (`row`) finished no cycle (a short window under load), it says why instead of
-            vanishing from the table."""
+            """top / bottom against `goal`. Every ratio row is printed: on a busy machine, when its
+            denominator (`row`) finished no cycle (a short window under load), or when the rows it
+            compares say the sitting changed speed between them (`withheld`, the reason), it says why
+            instead of vanishing from the table."""
             if not quiet:
                 self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=f"busy: {why}"))
+            elif withheld is not None:
+                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=withheld))
             elif not bottom > 0:
                 reason = (
                     "not measured: PostgreSQL runs elsewhere, its CPU is not seen"
@@ -720,35 +735,24 @@ class Bench:
             on = sum(x.rate for x in on_rows) / len(on_rows)
             rates = [x.rate for x in log_off_rows]
             off = sum(rates) / len(rates) if all(rates) else 0.0
-            drift = max(rates) / min(rates) if all(rates) else 1.0
-            name, goal = "receipts log: service on / off, cycles/s", f">= {LOG_ON_TO_OFF:.2f}"
-            if quiet and drift > LEAN_DRIFT:
-                self.add(
-                    Row(
-                        "7",
-                        name,
-                        "not reported",
-                        target=f"{goal}: NOT MEASURED",
-                        notes=f"the log-off rows before and after the log-on rows differ {drift:.2f} x "
-                        f"(> {LEAN_DRIFT:g}; rows: off {_rates(log_off_rows[:1])}, on {_rates(on_rows)}, "
-                        f"off {_rates(log_off_rows[1:])}): the sitting changed speed within them; "
-                        "alternating rounds tell (python -m effect_ledger_bench.repeat --variant "
-                        "EFFECT_LEDGER_LOG_ENABLED=false)",
-                    )
-                )
-            else:
-                ratio_row(
-                    name,
-                    on,
-                    off,
-                    goal,
-                    on >= LOG_ON_TO_OFF * off,
-                    f"{on:,.0f} / {off:,.0f} cycles/s (rows: off {_rates(log_off_rows[:1])}, on "
-                    f"{_rates(on_rows)}, off {_rates(log_off_rows[1:])}); "
-                    f"WAL {on_rows[0].wal_per_cycle():,.0f} / "
-                    f"{log_off_rows[0].wal_per_cycle():,.0f} B per cycle",
-                    "log-off",
-                )
+            drift = _apart(rates) if all(rates) else 1.0
+            order = f"off {_rates(log_off_rows[:1])}, on {_rates(on_rows)}, off {_rates(log_off_rows[1:])}"
+            drifted = (
+                f"the log-off rows before and after the log-on rows differ {drift:.2f} x "
+                f"(> {LEAN_DRIFT:g}; rows: {order}): the sitting changed speed within them; alternating "
+                "rounds tell (python -m effect_ledger_bench.repeat --variant EFFECT_LEDGER_LOG_ENABLED=false)"
+            )
+            ratio_row(
+                "receipts log: service on / off, cycles/s",
+                on,
+                off,
+                f">= {LOG_ON_TO_OFF:.2f}",
+                on >= LOG_ON_TO_OFF * off,
+                f"{on:,.0f} / {off:,.0f} cycles/s (rows: {order}); WAL {on_rows[0].wal_per_cycle():,.0f} / "
+                f"{log_off_rows[0].wal_per_cycle():,.0f} B per cycle",
+                "log-off",
+                withheld=drifted if drift > LEAN_DRIFT else None,
+            )
         if self.log_lags:
             ordered = sorted(self.log_lags)
             p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
