@@ -704,9 +704,9 @@ SELECT size, root FROM ledger.log_state WHERE tenant_id = $1 FOR UPDATE SKIP LOC
 -- events before it through its prev_hash. The row and its head come from one snapshot (until round 34
 -- the heads were a statement of their own, log_batch_heads, a slice of 64 at a time: a purge or an
 -- event committed between the two reads looked like an edit until the chain was read again; logcpu,
--- alternating, 16 rounds each way: ~3 us of Python and ~0.5 - 2 of PostgreSQL a receipt less). Any
--- other shape (a discrepancy after the commit, a purge base, a head that is not the row's) is judged
--- by log_batch_chains.
+-- alternating, 16 rounds each way: ~1 - 3 us of Python and ~0.5 - 2.5 of PostgreSQL a receipt
+-- less). Any other shape (a discrepancy after the commit, a purge base, a head that is not the
+-- row's) is judged by log_batch_chains.
 -- row_version: the row's xmin, the transaction that wrote this version of it (any UPDATE writes a new
 -- one): the checkpointer's log_rows_changed compares it instead of the receipt (round 31).
 -- The limit is taken on the feed, before any operation is probed (round 32): on a feed no analyse had
