@@ -641,6 +641,20 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION ledger.claim_tenant_batch(tenant text, lock_wait text, commands ledger.claim_command[]) RETURNS TABLE(i integer, outcome text, events jsonb, db_now timestamp with time zone, approval jsonb, op ledger.operations)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM ledger.open_tenant_batch(claim_tenant_batch.tenant, lock_wait, commands);
+    RETURN QUERY
+    SELECT b.i, c.outcome, c.events, c.db_now, c.approval, c.op
+    FROM unnest(commands) AS b
+    CROSS JOIN LATERAL ledger.claim(claim_tenant_batch.tenant, b.operation_id, b.principal, b.tool,
+        b.tool_version, b.intent_digest, b.lease_seconds, b.nonce_hash, b.token_hash, b.sealed_token,
+        b.submit, b.effect_ref, b.approval_policy) AS c;
+END
+$$;
+
 CREATE FUNCTION ledger.complete(tenant text, operation_id text, actor text, token_hash bytea, outcome text, receipt text, reason text, incident jsonb, OUT outcome_code text, OUT op ledger.operations, OUT db_now timestamp with time zone, OUT events jsonb, OUT incident_ref text) RETURNS record
     LANGUAGE plpgsql
     AS $$
@@ -798,6 +812,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION ledger.complete_tenant_batch(tenant text, lock_wait text, commands ledger.complete_command[]) RETURNS TABLE(i integer, outcome text, events jsonb, db_now timestamp with time zone, incident_ref text, op ledger.operations)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM ledger.open_tenant_batch(complete_tenant_batch.tenant, lock_wait, commands);
+    RETURN QUERY
+    SELECT b.i, c.outcome_code, c.events, c.db_now, c.incident_ref, c.op
+    FROM unnest(commands) AS b
+    CROSS JOIN LATERAL ledger.complete(complete_tenant_batch.tenant, b.operation_id, b.actor, b.token_hash,
+        b.outcome, b.receipt, b.reason, b.incident) AS c;
+END
+$$;
+
 CREATE FUNCTION ledger.discrepancy_data(recorded text, reported text, receipt text, reason text, source text) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -881,6 +908,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION ledger.heartbeat_tenant_batch(tenant text, lock_wait text, commands ledger.heartbeat_command[]) RETURNS TABLE(i integer, outcome text, events jsonb, db_now timestamp with time zone, op ledger.operations)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM ledger.open_tenant_batch(heartbeat_tenant_batch.tenant, lock_wait, commands);
+    RETURN QUERY
+    SELECT b.i, c.outcome, c.events, c.db_now, c.op
+    FROM unnest(commands) AS b
+    CROSS JOIN LATERAL ledger.heartbeat(heartbeat_tenant_batch.tenant, b.operation_id, b.token_hash,
+        b.lease_seconds) AS c;
+END
+$$;
+
 CREATE FUNCTION ledger.jcs_string(s text) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -891,6 +931,17 @@ CREATE FUNCTION ledger.lease_data(lease_expires_at timestamp with time zone) RET
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_expires_at)) || '}'
+$$;
+
+CREATE FUNCTION ledger.open_tenant_batch(tenant text, lock_wait text, commands anyarray) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(commands) AS b WHERE to_jsonb(b) ->> 'tenant' IS DISTINCT FROM open_tenant_batch.tenant) THEN
+        RAISE EXCEPTION 'a batch of one tenant carries a command of another' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('lock_timeout', lock_wait, true);
+END
 $$;
 
 CREATE FUNCTION ledger.refuse_event_change() RETURNS trigger
@@ -1082,6 +1133,19 @@ BEGIN
         submitted_at = now, updated_at = now, chain_seq = t.chain_seq + 1, chain_hash = digest
     WHERE t.tenant_id = submit.tenant AND t.operation_id = submit.operation_id
     RETURNING * INTO op;
+END
+$$;
+
+CREATE FUNCTION ledger.submit_tenant_batch(tenant text, lock_wait text, commands ledger.submit_command[]) RETURNS TABLE(i integer, outcome text, events jsonb, db_now timestamp with time zone, op ledger.operations)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM ledger.open_tenant_batch(submit_tenant_batch.tenant, lock_wait, commands);
+    RETURN QUERY
+    SELECT b.i, c.outcome, c.events, c.db_now, c.op
+    FROM unnest(commands) AS b
+    CROSS JOIN LATERAL ledger.submit(submit_tenant_batch.tenant, b.operation_id, b.token_hash, b.effect_ref,
+        b.lease_seconds) AS c;
 END
 $$;
 

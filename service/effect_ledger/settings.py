@@ -227,7 +227,7 @@ class Settings:
     write_batch_max: int = setting(
         32,
         "most calls of one function sent in one statement and one commit; 1 switches batching off "
-        "(each call then waits for its own pooled connection); not used on Citus",
+        "(each call then waits for its own pooled connection); on Citus one tenant's calls a statement",
         at_least(1),
     )
     statement_timeout_ms: int = setting(5000, "`statement_timeout` of every connection", at_least(1))

@@ -265,21 +265,48 @@ def _servers(messages: list[str]) -> set[str]:
     return {m for msg in messages for m in re.findall(r"on server \S+@(\S+) connectionId", msg)}
 
 
+TENANT_BATCHES: dict[str, list[tuple[Any, ...]]] = {
+    "claim": [
+        (k, "acme", f"batch-{k}", "exec-1", "t", "1", DIGEST, 30, None, TOKEN_HASH, None, False, None, None)
+        for k in range(3)
+    ],
+    "submit": [(k, "acme", f"batch-{k}", TOKEN_HASH, "ref-1", None) for k in range(3)],
+    "heartbeat": [(k, "acme", f"batch-{k}", TOKEN_HASH, 30) for k in range(3)],
+    "complete": [
+        (k, "acme", f"batch-{k}", "exec-1", TOKEN_HASH, "committed", RECEIPT_JCS, None, None)
+        for k in range(3)
+    ],
+}
+CALL_OUTCOMES = {"claim": "created", "submit": "submitted", "heartbeat": "extended", "complete": "completed"}
+
+
+async def _outcomes(conn: asyncpg.Connection, call: str, batched: bool) -> list[str]:
+    """The outcomes of one write call (autocommit, as the service calls), alone or as a tenant batch of
+    three (natural batching on Citus, migration 0025: the batcher's statement)."""
+    if not batched:
+        return [(await conn.fetchrow(sql(f"run_{call}"), *WRITE_CALLS[f"run_{call}"]))["outcome"]]
+    rows = await conn.fetch(sql(f"run_{call}_tenant_batch"), "acme", "50ms", TENANT_BATCHES[call])
+    assert sorted(r["i"] for r in rows) == [0, 1, 2], rows
+    return [r["outcome"] for r in rows]
+
+
+@pytest.mark.parametrize(("batched", "operation_id"), [(False, "op-1"), (True, "batch-2")])
 async def test_each_write_call_is_one_command_to_one_worker(
-    remote_log: tuple[asyncpg.Connection, list[str]],
+    remote_log: tuple[asyncpg.Connection, list[str]], batched: bool, operation_id: str
 ) -> None:
     conn, messages = remote_log
-    for name in ("run_claim", "run_submit", "run_heartbeat", "run_complete"):
+    for call, outcome in CALL_OUTCOMES.items():
         messages.clear()
-        row = await conn.fetchrow(sql(name), *WRITE_CALLS[name])  # autocommit, as the service calls
-        assert row["outcome"] in ("created", "submitted", "extended", "completed"), (name, row["outcome"])
+        assert set(await _outcomes(conn, call, batched)) == {outcome}, call
         sent = [m for m in messages if "issuing" in m]
-        # the function call itself, sent whole to the worker that holds the tenant's shards
+        # the function call itself, sent whole to the worker that holds the tenant's shards; a tenant
+        # batch too, as one call of the function distributed by its tenant
         assert len(sent) == 1 and "FROM ledger." in sent[0], sent
+        assert ("_tenant_batch(" in sent[0]) is batched, sent
         assert len(_servers(sent)) == 1, sent
     async with conn.transaction():
         await _bind(conn, "acme")
-        kinds = [r["kind"] for r in await conn.fetch(sql("list_events"), "acme", "op-1")]
+        kinds = [r["kind"] for r in await conn.fetch(sql("list_events"), "acme", operation_id)]
     assert kinds == ["claimed", "submitted", "completed"]  # a heartbeat appends no event
 
 

@@ -17,9 +17,11 @@ import pytest
 
 from effect_ledger.db import batching
 from effect_ledger.db.batching import BatchCounts, WriteBatcher
+from effect_ledger.db.catalogue import sql
 from effect_ledger.db.pools import batcher_of
 from effect_ledger.settings import Settings
 from support.auth import auth
+from support.database import runtime_connection
 from support.ledger import CLAIM, RECEIPT, call, claim, count_events, owner, submitted
 from support.server import Service
 from support.waiting import until
@@ -139,10 +141,18 @@ async def test_waiting_completes_go_together_and_a_failing_one_fails_alone(
     assert await count_events(db_url) == 11 * 3 - 1
 
 
+# Per tenant: as the batcher runs on Citus (db/pools.Pools.open sets it there; the Citus lane runs this
+# case, storage, where it must already be set), each tenant's calls in a statement of their own, the
+# function distributed by that tenant (migration 0025); on plain PostgreSQL one statement carries both.
+@pytest.mark.parametrize("per_tenant", [False, pytest.param(True, marks=pytest.mark.storage)])
 async def test_claims_of_two_tenants_in_one_batch_stay_apart(
-    batched: tuple[Service, WriteBatcher], db_url: str
+    batched: tuple[Service, WriteBatcher], db_url: str, on_citus: bool, per_tenant: bool
 ) -> None:
     service, batcher = batched
+    assert batcher.per_tenant is on_citus
+    if on_citus and not per_tenant:
+        pytest.skip("on Citus the batcher is per tenant: a batch of two tenants is not delegated")
+    batcher.per_tenant = per_tenant
     async with service.client() as client:
         token = await submitted(client, "op-block")
         conn, tx = await hold_row(db_url, "op-block")
@@ -163,7 +173,8 @@ async def test_claims_of_two_tenants_in_one_batch_stay_apart(
         assert (await blocked).status_code == 200
         results = await answers
         after = counted(batcher)
-        assert (after.statements - before.statements, after.commands - before.commands) == (1, 12)
+        statements = 2 if per_tenant else 1  # t1's 8 calls and t2's 4, apart or together
+        assert (after.statements - before.statements, after.commands - before.commands) == (statements, 12)
         assert after.fallbacks == before.fallbacks
         codes = [r.status_code for r in results]
         assert codes[:8] == [201] * 8 and codes[8:] == [409] * 4
@@ -283,3 +294,29 @@ async def test_a_statement_stalled_on_a_lock_gives_its_place_to_the_calls_behind
             await tx.rollback()
             await conn.close()
         assert (await held).status_code == 200
+
+
+DIGEST = "sha256:" + "a" * 64
+
+
+@pytest.mark.storage
+async def test_a_tenant_batch_refuses_a_command_of_another_tenant_and_writes_nothing(db_url: str) -> None:
+    """The per-tenant batch functions (0025) run every command under their tenant argument: a command
+    that names another tenant fails the whole statement before any command runs."""
+    conn = await runtime_connection(db_url)
+    try:
+        commands = [
+            (0, "t1", "mixed-1", "exec-1", "tool", "1", DIGEST, 30, None, b"h" * 32, None, False, None, None),
+            (1, "t2", "mixed-2", "exec-1", "tool", "1", DIGEST, 30, None, b"h" * 32, None, False, None, None),
+        ]
+        with pytest.raises(asyncpg.InvalidParameterValueError, match="a command of another"):
+            await conn.fetch(sql("run_claim_tenant_batch"), "t1", "50ms", commands)
+        rows = await conn.fetch(sql("run_claim_tenant_batch"), "t1", "50ms", commands[:1])
+        assert [(r["i"], r["outcome"], r["op"]["operation_id"]) for r in rows] == [(0, "created", "mixed-1")]
+    finally:
+        await conn.close()
+    async with owner(db_url) as conn:
+        stored = await conn.fetch(
+            "SELECT tenant_id, operation_id FROM ledger.operations WHERE operation_id LIKE 'mixed-%' ORDER BY 2"
+        )
+    assert [tuple(r) for r in stored] == [("t1", "mixed-1")]

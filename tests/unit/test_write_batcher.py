@@ -16,6 +16,7 @@ import pytest
 
 from effect_ledger.db import batching
 from effect_ledger.db.batching import WriteBatcher
+from effect_ledger.db.catalogue import sql
 from effect_ledger.db.pools import Admission
 
 
@@ -37,9 +38,12 @@ class Conn:
         self.pool.written.append(args[1])
         return {"operation_id": args[1]}
 
-    async def fetch(self, query: str, lock_timeout: str, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """A batch statement: each command its place in the batch, then its parameters (tenant, ID, ...)."""
+    async def fetch(self, query: str, *args: Any) -> list[Any]:
+        """A batch statement: its lock_timeout (after its tenant, for a per-tenant batch), then its
+        commands, each its place in the batch, then its parameters (tenant, ID, ...)."""
+        *before, lock_timeout, commands = args
         await self.pool.gate.wait()
+        self.pool.batches.append((query, *before, lock_timeout, [command[2] for command in commands]))
         self.pool.written.extend(command[2] for command in commands)
         return [{"i": command[0], "operation_id": command[2]} for command in commands]
 
@@ -50,6 +54,9 @@ class Pool:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.written: list[str] = []
+        self.batches: list[
+            tuple[Any, ...]
+        ] = []  # each batch statement: its text, its tenant if any, its lock_timeout, its IDs
         self._generation = 0  # asyncpg's: Pool.expire_connections bumps it
         self.acquired: list[Conn] = []
         self.released: list[Conn] = []
@@ -69,8 +76,8 @@ def batcher(pool: Pool, acquire_timeout: float = 5.0) -> tuple[WriteBatcher, Adm
     return WriteBatcher(pool, acquire_timeout, 1, 32, admission), admission  # type: ignore[arg-type]
 
 
-def call(b: WriteBatcher, op: str, query: str = "run_heartbeat") -> asyncio.Task[Any]:
-    return asyncio.ensure_future(b.run(query, ("t1", op, b"hash", 30)))
+def call(b: WriteBatcher, op: str, query: str = "run_heartbeat", tenant: str = "t1") -> asyncio.Task[Any]:
+    return asyncio.ensure_future(b.run(query, (tenant, op, b"hash", 30)))
 
 
 async def settle() -> None:
@@ -165,6 +172,35 @@ async def test_calls_waiting_together_go_in_one_statement_and_each_gets_its_row(
     assert [(await w)["operation_id"] for w in waiting] == ["op-3", "op-1", "op-2"]
     assert pool.written == ["held", "op-1", "op-2", "op-3"]  # the batch in the fixed lock order
     assert (b.counts.statements, b.counts.commands) == (2, 4)
+    assert_clean(b, admission)
+
+
+@pytest.mark.parametrize("per_tenant", [False, True])
+async def test_a_per_tenant_batcher_sends_one_tenants_calls_a_statement(per_tenant: bool) -> None:
+    pool = Pool()
+    b, admission = batcher(pool)
+    b.per_tenant = per_tenant  # as Pools.open sets it on Citus
+    held = call(b, "held")
+    await settle()
+    sends = [("t2", "b-2"), ("t1", "a-2"), ("t2", "b-1"), ("t1", "a-1"), ("t3", "c-1")]
+    waiting = [call(b, op, tenant=tenant) for tenant, op in sends]
+    submit = call(b, "a-3", "run_submit")  # another function: a statement of its own either way
+    await settle()
+    pool.gate.set()
+    assert (await held)["operation_id"] == "held"
+    assert [(await w)["operation_id"] for w in waiting] == [op for _, op in sends]
+    assert (await submit)["operation_id"] == "a-3"
+    if per_tenant:  # the oldest waiting call's tenant first; each tenant's calls in the lock order
+        assert pool.batches == [
+            (sql("run_heartbeat_tenant_batch"), "t2", "50ms", ["b-1", "b-2"]),
+            (sql("run_heartbeat_tenant_batch"), "t1", "50ms", ["a-1", "a-2"]),
+        ]  # t3's one call and the submit went alone (single statements, not batches)
+        assert pool.written == ["held", "b-1", "b-2", "a-1", "a-2", "c-1", "a-3"]
+        assert (b.counts.statements, b.counts.commands) == (5, 7)
+    else:  # every tenant's calls of one function together, in the lock order (tenant, ID)
+        assert pool.batches == [(sql("run_heartbeat_batch"), "50ms", ["a-1", "a-2", "b-1", "b-2", "c-1"])]
+        assert pool.written == ["held", "a-1", "a-2", "b-1", "b-2", "c-1", "a-3"]
+        assert (b.counts.statements, b.counts.commands) == (3, 7)
     assert_clean(b, admission)
 
 

@@ -22,9 +22,12 @@ than STALL_SECONDS (0.1 s) gives its place to the calls queued behind it, and a 
 be sent at most the pool's acquire timeout (then 503, as a pool wait would).
 
 Admission (pools.Admission) still sees every call: a call is admitted (or shed) when it arrives,
-waits as a queued request until its statement starts, and leaves when its answer is in. On Citus the
-batcher is not used: a statement that calls the functions for several tenants is not delegated to one
-worker node (db/pools.Pools.open).
+waits as a queued request until its statement starts, and leaves when its answer is in. On Citus
+(`per_tenant`, set by db/pools.Pools.open) a batch takes one tenant's calls only, and goes as the
+catalogue's `<name>_tenant_batch` statement: a function distributed by that tenant (migration 0025),
+which Citus delegates whole to the worker holding the tenant's rows. A statement calling the functions
+for several tenants is not delegated: it would run on the coordinator, each call's statements sent to
+the workers one by one.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class WriteBatcher:
     limit: int
     max_batch: int
     admission: Any = None  # pools.Admission (not imported: pools imports this module)
+    per_tenant: bool = False  # Citus: a batch holds one tenant's calls (`<name>_tenant_batch`)
     counts: BatchCounts = field(default_factory=BatchCounts)
     _waiting: deque[_Command] = field(default_factory=deque)
     _inflight: int = 0
@@ -172,14 +176,17 @@ class WriteBatcher:
             task.add_done_callback(self._tasks.discard)
 
     def _take(self) -> list[_Command]:
-        """The oldest waiting call and the waiting calls of the same function after it."""
-        query = self._waiting[0].query
+        """The oldest waiting call and the waiting calls of the same function after it (of the same
+        tenant too, when batches are per tenant)."""
+        first = self._waiting[0]
+        query, tenant = first.query, first.args[0]
         limit = self.max_batch if query in BATCHED else 1
+        any_tenant = not self.per_tenant
         batch: list[_Command] = []
         kept: deque[_Command] = deque()
         while self._waiting:
             command = self._waiting.popleft()
-            if len(batch) < limit and command.query == query:
+            if len(batch) < limit and command.query == query and (any_tenant or command.args[0] == tenant):
                 batch.append(command)
             else:
                 kept.append(command)
@@ -273,7 +280,11 @@ class WriteBatcher:
         order = sorted(range(len(batch)), key=lambda k: (batch[k].args[0], batch[k].args[1]))
         commands = [(k, *batch[k].args) for k in order]
         try:
-            rows = await conn.fetch(sql(batch[0].query + "_batch"), BATCH_LOCK_TIMEOUT, commands)
+            if self.per_tenant:  # one tenant's commands (_take), to the function distributed by it
+                statement = sql(batch[0].query + "_tenant_batch")
+                rows = await conn.fetch(statement, batch[0].args[0], BATCH_LOCK_TIMEOUT, commands)
+            else:
+                rows = await conn.fetch(sql(batch[0].query + "_batch"), BATCH_LOCK_TIMEOUT, commands)
         except CONNECTION_LOST:
             raise
         except Exception:

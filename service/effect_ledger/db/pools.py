@@ -259,7 +259,8 @@ class Pools:
             runtime = await role_pool(RUNTIME_ROLE, settings.pool_size)
             reader_pool = await role_pool(READER_ROLE, settings.reader_pool_size) if reader else None
             audit_pool = await role_pool(RUNTIME_ROLE, settings.audit_pool_size) if audit else None
-            batching = settings.write_batch_max > 1 and not await _on_citus(runtime)
+            batching = settings.write_batch_max > 1
+            per_tenant = batching and await _on_citus(runtime)  # one tenant's calls a statement (0025)
         except BaseException:
             for pool in opened:
                 pool.terminate()
@@ -279,6 +280,7 @@ class Pools:
                 settings.write_concurrency,
                 settings.write_batch_max,
                 pools.admissions["runtime"],
+                per_tenant=per_tenant,
             )
         pools.server = failover.ServerWatch([p for p in (runtime, audit_pool, reader_pool) if p is not None])
         failover.watch(pools.server)

@@ -74,6 +74,27 @@ CROSS JOIN unnest($2::ledger.complete_command[]) AS b
 CROSS JOIN LATERAL ledger.complete(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END,
     b.operation_id, b.actor, b.token_hash, b.outcome, b.receipt, b.reason, b.incident) AS c;
 
+-- The per-tenant batch forms (migration 0025), which the batcher sends on Citus: one tenant's commands
+-- of one function, answered as the batch forms above answer; the function, distributed by $1, runs
+-- whole on the worker holding the tenant (one command to one worker), sets $2 as its lock_timeout
+-- and refuses a command of another tenant.
+-- name: run_claim_tenant_batch
+-- Claims of one tenant's batch.
+SELECT c.i, c.outcome, c.events, c.db_now, c.approval, c.op FROM ledger.claim_tenant_batch($1, $2, $3) AS c;
+
+-- name: run_submit_tenant_batch
+-- Submits of one tenant's batch.
+SELECT c.i, c.outcome, c.events, c.db_now, c.op FROM ledger.submit_tenant_batch($1, $2, $3) AS c;
+
+-- name: run_heartbeat_tenant_batch
+-- Heartbeats of one tenant's batch.
+SELECT c.i, c.outcome, c.events, c.db_now, c.op FROM ledger.heartbeat_tenant_batch($1, $2, $3) AS c;
+
+-- name: run_complete_tenant_batch
+-- Completes of one tenant's batch.
+SELECT c.i, c.outcome, c.events, c.db_now, c.incident_ref, c.op
+FROM ledger.complete_tenant_batch($1, $2, $3) AS c;
+
 -- name: run_resolve
 -- Resolve (or record an unresolved look-up) in one round trip.
 SELECT c.outcome_code AS outcome, c.events, c.db_now, c.op
