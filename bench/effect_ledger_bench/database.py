@@ -17,6 +17,7 @@ from effect_ledger.db.embedded import start_embedded, stop_embedded
 from effect_ledger.db.migrate import migrate
 from effect_ledger.db.urls import RUNTIME_ROLE, derived_password
 from effect_ledger.settings import Settings
+from effect_ledger_bench import citus
 from effect_ledger_bench.catalogue import sql
 from effect_ledger_bench.procs import postmaster_pid
 
@@ -61,7 +62,8 @@ class Cluster:
 
     owner_url: str
     version: str = "unknown"
-    postmaster: int | None = None  # pid, when the server runs on this machine
+    postmaster: int | None = None  # pid, when the server runs on this machine (a coordinator's only)
+    citus: bool = False  # a Citus coordinator: each database made on every node (effect_ledger_bench.citus)
     _server: Any = None
     _tempdir: Path | None = None
     _databases: list[str] = field(default_factory=list)
@@ -84,10 +86,17 @@ class Cluster:
         cluster.version = str(row["version"])
         if cluster.postmaster is None and (urlsplit(configured_url or "").hostname or "") in LOCAL_HOSTS:
             cluster.postmaster = _parent_of(int(row["backend_pid"]))
+        cluster.citus = bool(configured_url) and await citus.is_citus(cluster.owner_url)
         return cluster
 
     async def create(self, name: str) -> str:
-        """A fresh, migrated database; returns its owner URL."""
+        """A fresh, migrated database; returns its owner URL. On a Citus coordinator, on every node of
+        its cluster (Citus's 32 shards a table), migrated as the service's migrations distribute it."""
+        if self.citus:
+            url = await citus.create_database(self.owner_url, name)
+            self._databases.append(name)
+            await asyncio.to_thread(lambda: asyncio.run(migrate(Settings(database_url=url))))
+            return url
         conn = await asyncpg.connect(self.owner_url)
         try:
             ddl = await conn.fetchrow(sql("bench_database_ddl"), name)
@@ -161,7 +170,10 @@ class Cluster:
     async def close(self) -> None:
         """Drop the benchmark databases and stop an embedded server."""
         try:
-            if self._databases:
+            if self._databases and self.citus:
+                for name in self._databases:
+                    await citus.drop_database(self.owner_url, name)
+            elif self._databases:
                 conn = await asyncpg.connect(self.owner_url)
                 try:
                     for name in self._databases:

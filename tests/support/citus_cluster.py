@@ -1,4 +1,5 @@
-"""Tests on a Citus cluster: one database made on every node, wiped between tests, and extra workers.
+"""Tests on a Citus cluster: one database made on every node (effect_ledger_bench.citus, which the
+bench's Cluster uses too), wiped between tests, and extra workers.
 
 When the server under test (EFFECT_LEDGER_DATABASE_URL) is a Citus coordinator, conftest migrates a
 database created here on the coordinator and on every worker, and each test gets it wiped rather than a
@@ -11,7 +12,6 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from alembic.migration import MigrationContext
@@ -20,84 +20,32 @@ from sqlalchemy import create_engine, pool
 
 from effect_ledger.db.catalogue import sql
 from effect_ledger.db.urls import sqlalchemy_url
+from effect_ledger_bench import citus
+from effect_ledger_bench.citus import create_on_node, drop_database, is_citus, node_url, nodes
+
+__all__ = [
+    "create_database",
+    "create_on_node",
+    "drop_database",
+    "in_migration",
+    "is_citus",
+    "node_url",
+    "nodes",
+    "scripts_dir",
+    "start_node",
+    "stop_node",
+    "wipe",
+]
 
 # Tests use 4 shards per table (production keeps Citus's 32): quicker DDL and wipes, shards still on
 # every worker.
 TEST_SHARD_COUNT = 4
 
 
-def node_url(url: str, host: str, port: int, database: str | None = None) -> str:
-    """The same login on another node (and optionally another database)."""
-    parts = urlsplit(url)
-    user = parts.username or "postgres"
-    path = "/" + database if database is not None else parts.path
-    return urlunsplit((parts.scheme, f"{user}@{host}:{port}", path, parts.query, parts.fragment))
-
-
-async def is_citus(url: str) -> bool:
-    """Whether the database at url has the citus extension (then it is a coordinator)."""
-    conn = await asyncpg.connect(url)
-    try:
-        return bool(await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'"))
-    finally:
-        await conn.close()
-
-
-async def nodes(url: str) -> tuple[tuple[str, int], list[tuple[str, int]]]:
-    """(coordinator, workers) as registered in the database at url."""
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch("SELECT groupid, nodename, nodeport FROM pg_dist_node ORDER BY nodeid")
-    finally:
-        await conn.close()
-    coordinator = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] == 0]
-    workers = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] != 0]
-    return (
-        coordinator[0] if coordinator else (urlsplit(url).hostname or "", urlsplit(url).port or 5432)
-    ), workers
-
-
-async def create_on_node(admin_url: str, host: str, port: int, name: str) -> None:
-    """A new database called name on one node, with the citus extension."""
-    conn = await asyncpg.connect(node_url(admin_url, host, port, "postgres"))
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    conn = await asyncpg.connect(node_url(admin_url, host, port, name))
-    try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
-    finally:
-        await conn.close()
-
-
 async def create_database(admin_url: str, name: str) -> str:
-    """An empty Citus database called name on the coordinator and every worker of admin_url's cluster."""
-    (chost, cport), workers = await nodes(admin_url)
-    for host, port in [(chost, cport), *workers]:
-        await create_on_node(admin_url, host, port, name)
-    url = node_url(admin_url, chost, cport, name)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" SET citus.shard_count = {TEST_SHARD_COUNT}')
-        await conn.fetchval("SELECT citus_set_coordinator_host($1, $2)", chost, cport)
-        for host, port in workers:
-            await conn.fetchval("SELECT citus_add_node($1, $2)", host, port)
-    finally:
-        await conn.close()
-    return url
-
-
-async def drop_database(admin_url: str, name: str) -> None:
-    """Drop name on every node of the cluster (workers first)."""
-    (chost, cport), workers = await nodes(admin_url)
-    for host, port in [*workers, (chost, cport)]:
-        conn = await asyncpg.connect(node_url(admin_url, host, port, "postgres"))
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+    """An empty Citus database called name on every node of admin_url's cluster, TEST_SHARD_COUNT shards
+    a table."""
+    return await citus.create_database(admin_url, name, TEST_SHARD_COUNT)
 
 
 async def wipe(url: str) -> None:
