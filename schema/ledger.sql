@@ -649,9 +649,10 @@ BEGIN
     RETURN QUERY
     SELECT b.i, c.outcome, c.events, c.db_now, c.approval, c.op
     FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.claim(claim_tenant_batch.tenant, b.operation_id, b.principal, b.tool,
-        b.tool_version, b.intent_digest, b.lease_seconds, b.nonce_hash, b.token_hash, b.sealed_token,
-        b.submit, b.effect_ref, b.approval_policy) AS c;
+    CROSS JOIN LATERAL ledger.claim(
+        claim_tenant_batch.tenant, b.operation_id, b.principal, b.tool, b.tool_version,
+        b.intent_digest, b.lease_seconds, b.nonce_hash, b.token_hash, b.sealed_token, b.submit,
+        b.effect_ref, b.approval_policy) AS c;
 END
 $$;
 
@@ -820,8 +821,9 @@ BEGIN
     RETURN QUERY
     SELECT b.i, c.outcome_code, c.events, c.db_now, c.incident_ref, c.op
     FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.complete(complete_tenant_batch.tenant, b.operation_id, b.actor, b.token_hash,
-        b.outcome, b.receipt, b.reason, b.incident) AS c;
+    CROSS JOIN LATERAL ledger.complete(
+        complete_tenant_batch.tenant, b.operation_id, b.actor, b.token_hash, b.outcome,
+        b.receipt, b.reason, b.incident) AS c;
 END
 $$;
 
@@ -916,8 +918,8 @@ BEGIN
     RETURN QUERY
     SELECT b.i, c.outcome, c.events, c.db_now, c.op
     FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.heartbeat(heartbeat_tenant_batch.tenant, b.operation_id, b.token_hash,
-        b.lease_seconds) AS c;
+    CROSS JOIN LATERAL ledger.heartbeat(
+        heartbeat_tenant_batch.tenant, b.operation_id, b.token_hash, b.lease_seconds) AS c;
 END
 $$;
 
@@ -937,8 +939,10 @@ CREATE FUNCTION ledger.open_tenant_batch(tenant text, lock_wait text, commands a
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(commands) AS b WHERE to_jsonb(b) ->> 'tenant' IS DISTINCT FROM open_tenant_batch.tenant) THEN
-        RAISE EXCEPTION 'a batch of one tenant carries a command of another' USING ERRCODE = 'invalid_parameter_value';
+    IF EXISTS (SELECT 1 FROM unnest(commands) AS b
+               WHERE to_jsonb(b) ->> 'tenant' IS DISTINCT FROM open_tenant_batch.tenant) THEN
+        RAISE EXCEPTION 'a batch of one tenant carries a command of another'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM set_config('lock_timeout', lock_wait, true);
 END
@@ -1144,8 +1148,8 @@ BEGIN
     RETURN QUERY
     SELECT b.i, c.outcome, c.events, c.db_now, c.op
     FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.submit(submit_tenant_batch.tenant, b.operation_id, b.token_hash, b.effect_ref,
-        b.lease_seconds) AS c;
+    CROSS JOIN LATERAL ledger.submit(
+        submit_tenant_batch.tenant, b.operation_id, b.token_hash, b.effect_ref, b.lease_seconds) AS c;
 END
 $$;
 

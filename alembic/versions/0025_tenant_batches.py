@@ -23,6 +23,8 @@ Revises: 0024
 Create Date: 2026-12-07
 """
 
+import textwrap
+
 from effect_ledger.db.migrate import distribute_functions, execute_script
 
 revision = "0025"
@@ -30,90 +32,84 @@ down_revision = "0024"
 branch_labels = None
 depends_on = None
 
-FUNCTIONS = r"""
+OPEN = r"""
 -- A tenant batch's start: every command names the batch's tenant (else the statement fails before any
 -- command runs), and the batch's own lock_timeout for this transaction. `commands` is any of the four
 -- command types (each has a `tenant` attribute).
 CREATE OR REPLACE FUNCTION ledger.open_tenant_batch(tenant text, lock_wait text, commands anyarray)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(commands) AS b WHERE to_jsonb(b) ->> 'tenant' IS DISTINCT FROM open_tenant_batch.tenant) THEN
-        RAISE EXCEPTION 'a batch of one tenant carries a command of another' USING ERRCODE = 'invalid_parameter_value';
+    IF EXISTS (SELECT 1 FROM unnest(commands) AS b
+               WHERE to_jsonb(b) ->> 'tenant' IS DISTINCT FROM open_tenant_batch.tenant) THEN
+        RAISE EXCEPTION 'a batch of one tenant carries a command of another'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM set_config('lock_timeout', lock_wait, true);
 END
 $$;
+"""
 
-CREATE OR REPLACE FUNCTION ledger.claim_tenant_batch(
-    tenant text, lock_wait text, commands ledger.claim_command[])
-RETURNS TABLE (i integer, outcome text, events jsonb, db_now timestamptz, approval jsonb, op ledger.operations)
+# Per function: the answer's columns after `i` (as the catalogue's run_<call>_batch answers them), what
+# of the function's row fills them, and the function's arguments after its tenant (the command type's
+# attributes, in the function's parameter order).
+CALLS = {
+    "claim": (
+        "outcome text, events jsonb, db_now timestamptz, approval jsonb, op ledger.operations",
+        "c.outcome, c.events, c.db_now, c.approval, c.op",
+        "b.operation_id, b.principal, b.tool, b.tool_version, b.intent_digest, b.lease_seconds, b.nonce_hash,"
+        " b.token_hash, b.sealed_token, b.submit, b.effect_ref, b.approval_policy",
+    ),
+    "submit": (
+        "outcome text, events jsonb, db_now timestamptz, op ledger.operations",
+        "c.outcome, c.events, c.db_now, c.op",
+        "b.operation_id, b.token_hash, b.effect_ref, b.lease_seconds",
+    ),
+    "heartbeat": (
+        "outcome text, events jsonb, db_now timestamptz, op ledger.operations",
+        "c.outcome, c.events, c.db_now, c.op",
+        "b.operation_id, b.token_hash, b.lease_seconds",
+    ),
+    "complete": (
+        "outcome text, events jsonb, db_now timestamptz, incident_ref text, op ledger.operations",
+        "c.outcome_code, c.events, c.db_now, c.incident_ref, c.op",
+        "b.operation_id, b.actor, b.token_hash, b.outcome, b.receipt, b.reason, b.incident",
+    ),
+}
+
+
+def _wrapped(arguments: str) -> str:
+    """A call's arguments on lines of their own, indented under it."""
+    return textwrap.fill(arguments, 96, initial_indent=" " * 8, subsequent_indent=" " * 8)
+
+
+def tenant_batch(call: str, columns: str, answer: str, arguments: str) -> str:
+    """ledger.<call>_tenant_batch: one tenant's commands, each through ledger.<call> under that tenant."""
+    return f"""
+CREATE OR REPLACE FUNCTION ledger.{call}_tenant_batch(
+    tenant text, lock_wait text, commands ledger.{call}_command[])
+RETURNS TABLE (i integer, {columns})
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM ledger.open_tenant_batch(claim_tenant_batch.tenant, lock_wait, commands);
+    PERFORM ledger.open_tenant_batch({call}_tenant_batch.tenant, lock_wait, commands);
     RETURN QUERY
-    SELECT b.i, c.outcome, c.events, c.db_now, c.approval, c.op
+    SELECT b.i, {answer}
     FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.claim(claim_tenant_batch.tenant, b.operation_id, b.principal, b.tool,
-        b.tool_version, b.intent_digest, b.lease_seconds, b.nonce_hash, b.token_hash, b.sealed_token,
-        b.submit, b.effect_ref, b.approval_policy) AS c;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION ledger.submit_tenant_batch(
-    tenant text, lock_wait text, commands ledger.submit_command[])
-RETURNS TABLE (i integer, outcome text, events jsonb, db_now timestamptz, op ledger.operations)
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM ledger.open_tenant_batch(submit_tenant_batch.tenant, lock_wait, commands);
-    RETURN QUERY
-    SELECT b.i, c.outcome, c.events, c.db_now, c.op
-    FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.submit(submit_tenant_batch.tenant, b.operation_id, b.token_hash, b.effect_ref,
-        b.lease_seconds) AS c;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION ledger.heartbeat_tenant_batch(
-    tenant text, lock_wait text, commands ledger.heartbeat_command[])
-RETURNS TABLE (i integer, outcome text, events jsonb, db_now timestamptz, op ledger.operations)
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM ledger.open_tenant_batch(heartbeat_tenant_batch.tenant, lock_wait, commands);
-    RETURN QUERY
-    SELECT b.i, c.outcome, c.events, c.db_now, c.op
-    FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.heartbeat(heartbeat_tenant_batch.tenant, b.operation_id, b.token_hash,
-        b.lease_seconds) AS c;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION ledger.complete_tenant_batch(
-    tenant text, lock_wait text, commands ledger.complete_command[])
-RETURNS TABLE (i integer, outcome text, events jsonb, db_now timestamptz, incident_ref text, op ledger.operations)
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM ledger.open_tenant_batch(complete_tenant_batch.tenant, lock_wait, commands);
-    RETURN QUERY
-    SELECT b.i, c.outcome_code, c.events, c.db_now, c.incident_ref, c.op
-    FROM unnest(commands) AS b
-    CROSS JOIN LATERAL ledger.complete(complete_tenant_batch.tenant, b.operation_id, b.actor, b.token_hash,
-        b.outcome, b.receipt, b.reason, b.incident) AS c;
+    CROSS JOIN LATERAL ledger.{call}(
+{_wrapped(f"{call}_tenant_batch.tenant, {arguments}")}) AS c;
 END
 $$;
 """
 
+
 DISTRIBUTED_FUNCTIONS = (
     "ledger.open_tenant_batch(text, text, anyarray)",  # on the workers, where the four call it
-    "ledger.claim_tenant_batch(text, text, ledger.claim_command[])",
-    "ledger.submit_tenant_batch(text, text, ledger.submit_command[])",
-    "ledger.heartbeat_tenant_batch(text, text, ledger.heartbeat_command[])",
-    "ledger.complete_tenant_batch(text, text, ledger.complete_command[])",
+    *(f"ledger.{call}_tenant_batch(text, text, ledger.{call}_command[])" for call in CALLS),
 )
 
 
 def upgrade() -> None:
     """The four per-tenant batch functions, distributed by their tenant on Citus."""
-    execute_script(FUNCTIONS)
+    execute_script(OPEN + "".join(tenant_batch(call, *parts) for call, parts in CALLS.items()))
     distribute_functions(*DISTRIBUTED_FUNCTIONS, tenant_argument="tenant", force_delegation=False)
 
 
