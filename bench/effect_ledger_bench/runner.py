@@ -658,15 +658,16 @@ class Bench:
             compares say the sitting changed speed between them (`withheld`, the reason), it says why
             instead of vanishing from the table."""
             if not quiet:
-                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=f"busy: {why}"))
+                reason: str | None = f"busy: {why}"
             elif withheld is not None:
-                self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=withheld))
+                reason = withheld
+            elif math.isnan(bottom):
+                reason = "not measured: PostgreSQL runs elsewhere, its CPU is not seen"
             elif not bottom > 0:
-                reason = (
-                    "not measured: PostgreSQL runs elsewhere, its CPU is not seen"
-                    if math.isnan(bottom)
-                    else f"not measured: the {row} row finished no cycle"
-                )
+                reason = f"not measured: the {row} row finished no cycle"
+            else:
+                reason = None
+            if reason is not None:
                 self.add(Row("7", name, "not reported", target=f"{goal}: NOT MEASURED", notes=reason))
             else:
                 self.add(Row("7", name, f"{top / bottom:.2f}", target=f"{goal}: {verdict(ok)}", notes=notes))
