@@ -84,13 +84,22 @@ def test_bad_proofs_are_422() -> None:
     assert decide(add_checkpoint_body(7, broken, note_of(20)), LOGS, records(7), WITNESS, 1).status == 422
     with_proof = add_checkpoint_body(0, good, note_of(20))
     assert decide(with_proof, LOGS, {}, WITNESS, 1).status == 422  # a proof from size 0 must be empty
-    # the same size with another root: a fork
-    fork = {LOG.name: (20, leaf_hash(b"fork"))}
-    assert decide(add_checkpoint_body(20, [], note_of(20)), LOGS, fork, WITNESS, 1).status == 422
+    # the same size and root with a proof: between equal sizes it is empty
+    assert decide(add_checkpoint_body(20, good[:1], note_of(20)), LOGS, records(20), WITNESS, 1).status == 422
     empty = sign_note(Checkpoint(LOG.name, 0, leaf_hash(b"not empty")).text, LOG)
     assert decide(add_checkpoint_body(0, [], empty), LOGS, {}, WITNESS, 1).status == 422
     ok_empty = sign_note(Checkpoint(LOG.name, 0, EMPTY_ROOT).text, LOG)
     assert decide(add_checkpoint_body(0, [], ok_empty), LOGS, {}, WITNESS, 1).status == 200
+
+
+def test_the_same_size_with_another_root_is_a_409_conflict() -> None:
+    """c2sp.org/tlog-witness: "If the old size matches the checkpoint size, the witness MUST check
+    that the root hashes are also identical. If they don't match, the witness MUST respond with a
+    '409 Conflict'" (a fork); its body is no size, so a submitter does not retry from it."""
+    fork = {LOG.name: (20, leaf_hash(b"fork"))}
+    answer = decide(add_checkpoint_body(20, [], note_of(20)), LOGS, fork, WITNESS, 1)
+    assert (answer.status, answer.body, answer.record) == (409, "same size, another root\n", None)
+    assert not answer.body.strip().isdigit()
 
 
 def test_a_repeat_of_the_recorded_checkpoint_is_cosigned_again() -> None:

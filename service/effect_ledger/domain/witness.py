@@ -102,8 +102,10 @@ def decide(
         if proof:
             return Answer(422, "a proof from size 0 must be empty\n")
     elif old == checkpoint.size:
-        if proof or checkpoint.root != root:
-            return Answer(422, "same size, another root\n")
+        if checkpoint.root != root:  # a fork: c2sp.org/tlog-witness answers it 409 Conflict
+            return Answer(409, "same size, another root\n")
+        if proof:  # from a size to itself the consistency proof is empty
+            return Answer(422, "a proof between equal sizes must be empty\n")
     elif not verify_consistency(old, checkpoint.size, root, checkpoint.root, proof):
         return Answer(422, "consistency proof does not verify\n")
     line = cosign(note.text, cosigner, now).line
