@@ -221,6 +221,30 @@ async def test_append_rules_for_continuations(client: httpx.AsyncClient) -> None
     assert (await append(client, sid, 6, [continuation(2, payload=big)])).status_code == 200
 
 
+async def test_a_nonce_replays_only_the_same_payload(client: httpx.AsyncClient) -> None:
+    """Records are stored with `"payload": null`, so the batch's identity must cover the payload: the
+    same client_nonce with another payload is another batch (409 revision_conflict, the first state
+    kept), not a replay answered 200 with the new state dropped."""
+    sid = await seeded(client)
+    other = base64.b64encode(b"another state").decode()
+    nonce = {"client_nonce": "n" * 16}
+    record = continuation(5)
+    first = await append(client, sid, 5, [record], **nonce)
+    assert (first.status_code, first.json()["revision"]) == (200, 6), first.text
+    again = await append(client, sid, 5, [record], **nonce)
+    assert (again.status_code, again.json()["revision"]) == (200, 6), again.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+    changed = await append(client, sid, 5, [{**record, "payload": other}], **nonce)
+    assert (changed.status_code, changed.json()["code"], changed.json()["revision"]) == (
+        409,
+        "revision_conflict",
+        6,
+    ), changed.text
+    assert "Idempotent-Replayed" not in changed.headers
+    answer = await context(client, sid, **LABELS)
+    assert (answer["continuation"]["seq"], answer["continuation"]["payload"]) == (6, MARKER)
+
+
 @pytest.fixture
 def debug_logging() -> Iterator[None]:
     root = logging.getLogger()

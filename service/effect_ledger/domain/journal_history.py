@@ -73,6 +73,7 @@ class AppendCommand:
     expected_revision: int
     records: Sequence[dict[str, Any]]
     nonce_hash: bytes | None = None
+    payloads: str | None = None  # journal_records.payloads_digest of the continuation payloads taken out
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ AppendDecision = Accepted | Replayed | LedgerError
 def decide_append(state: SessionState, cmd: AppendCommand, caps: Caps) -> AppendDecision:
     """The whole append rule of API.md section 12, in its order: replay, revision, caps, causal rules."""
     encoded = encode_records(cmd.records)
-    digest = batch_digest(encoded)
+    digest = batch_digest(encoded, cmd.payloads)
     if (
         digest is not None
         and cmd.nonce_hash is not None

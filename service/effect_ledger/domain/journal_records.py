@@ -7,7 +7,7 @@ leniently: a version newer than this service knows is refused, never interpreted
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -131,10 +131,25 @@ def encode_records(records: Sequence[dict[str, Any]]) -> list[bytes | None]:
     return encoded
 
 
-def batch_digest(encoded: Sequence[bytes | None]) -> str | None:
+def batch_digest(encoded: Sequence[bytes | None], payloads: str | None = None) -> str | None:
     """The identity of a batch, for recognising a retried append: sha256 of the JCS list, built from the
-    records' own JCS forms (a JCS array is its elements' forms, comma-separated, in brackets)."""
+    records' own JCS forms (a JCS array is its elements' forms, comma-separated, in brackets), and of
+    `payloads` (payloads_digest) when the batch carries continuation payloads: the records hold
+    `"payload": null`, so without it the same nonce with another payload was a replay, and the new
+    state was dropped with a 200."""
     parts = [e for e in encoded if e is not None]
     if len(parts) != len(encoded):
         return None
-    return "sha256:" + hashlib.sha256(b"[" + b",".join(parts) + b"]").hexdigest()
+    body = b"[" + b",".join(parts) + b"]"
+    if payloads is not None:
+        body += b"\n" + payloads.encode("ascii")
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def payloads_digest(by_index: Mapping[int, bytes]) -> str | None:
+    """What identifies a batch's continuation payloads (batch index -> decoded bytes): sha256 over each
+    index and its payload's sha256, in index order; None for a batch without payloads."""
+    if not by_index:
+        return None
+    lines = "".join(f"{i} {hashlib.sha256(by_index[i]).hexdigest()}\n" for i in sorted(by_index))
+    return "sha256:" + hashlib.sha256(lines.encode("ascii")).hexdigest()

@@ -24,6 +24,7 @@ from effect_ledger.domain.journal_records import (
     NEWEST_SCHEMA,
     AppendBody,
     future_schema_indexes,
+    payloads_digest,
     stored_form,
 )
 from effect_ledger.domain.timefmt import format_ts
@@ -180,6 +181,7 @@ class JournalController(Controller):
                 body.expected_revision,
                 records,
                 None if body.client_nonce is None else nonce_hash(body.client_nonce),
+                None if payloads is None else payloads_digest(payloads.by_index),
             )
             line.update(expected_revision=body.expected_revision, records=len(records))
             decision = await repo.append(
