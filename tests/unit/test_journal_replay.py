@@ -102,6 +102,21 @@ def check_selection(
     assert max_records is None or len(kept) <= max_records
     assert max_bytes is None or sum(size[s] for s in kept) <= max_bytes
     assert chosen.seqs == sorted(kept)
+    # where a summary covers omitted records, it is used in their place: none is left out that would
+    # still fit beside what was sent, over records all omitted, overlapping no summary used
+    room_records = None if max_records is None else max_records - len(kept)
+    room_bytes = None if max_bytes is None else max_bytes - sum(size[s] for s in kept)
+    for seq, r in records:
+        if r["type"] != "summary" or seq in kept:
+            continue
+        first, last = r["covers"]["from_seq"], r["covers"]["to_seq"]
+        covered = [s for s in range(first, last + 1) if s in by_seq and by_seq[s]["type"] != "summary"]
+        if not covered or any(s in kept for s in covered):
+            continue
+        if any(first <= u_last and u_first <= last for u_first, u_last in used):
+            continue
+        fits = (room_records is None or room_records >= 1) and (room_bytes is None or room_bytes >= size[seq])
+        assert not fits, f"summary {seq} covers omitted records {first}-{last} and fits, but was left out"
 
 
 @settings(max_examples=300, deadline=None)
@@ -151,6 +166,34 @@ def test_a_summary_stands_in_for_a_range_that_does_not_fit() -> None:
     assert chosen.omitted_records == 3
     all_fit = select_context(records, 4, None)
     assert isinstance(all_fit, Selection) and all_fit.seqs == [1, 2, 3, 5] and all_fit.summarized == []
+
+
+def test_a_summary_that_fits_stands_in_behind_a_record_that_does_not() -> None:
+    """API.md section 12: "where a summary covers omitted records, the summary is used in their
+    place". A newest record that fits, then one too big for the budget, then a summary of the two
+    oldest that fits: the summary is sent beside the newest (until round 36 the walk stopped at the
+    big record and the summary was omitted with everything older)."""
+
+    def msg(text: str) -> dict[str, Any]:
+        return {"type": "message", "role": "user", "content": text, "schema": 1}
+
+    summary = {
+        "type": "summary",
+        "covers": {"from_seq": 1, "to_seq": 2},
+        "content": "s",
+        "summarizer": "z",
+        "omissions": [],
+        "schema": 1,
+    }
+    records: list[Record] = [(1, msg("a")), (2, msg("b")), (3, summary), (4, msg("x" * 2000)), (5, msg("e"))]
+    budget = record_bytes(records[4][1]) + record_bytes(summary)
+    chosen = select_context(records, None, budget)
+    assert isinstance(chosen, Selection)
+    assert chosen.seqs == [3, 5] and chosen.summarized == [{"from_seq": 1, "to_seq": 2}]
+    assert chosen.omitted_records == 3  # 1, 2 (summarized) and 4 (did not fit)
+    assert chosen.omitted_bytes == sum(record_bytes(records[i][1]) for i in (0, 1, 3))
+    one_short = select_context(records, None, budget - 1)
+    assert isinstance(one_short, Selection) and one_short.seqs == [5] and one_short.summarized == []
 
 
 def test_the_fast_projection_encoding_is_jcs_for_every_code_point() -> None:

@@ -5,13 +5,16 @@ message; a call with its result when it has one), so no result is ever sent with
 call without its existing result. Unresolved calls are always kept. The other units are kept newest
 first until the next one does not fit; when the next unit lies in a summary's range and the whole
 range does not fit, the summary is sent in the range's place (if it fits) and the walk goes on below.
+Once a unit did not fit, no older unit is kept, but the walk goes on for the summaries: one that
+covers older omitted records still stands in for them where it fits (until round 36 the walk ended
+there, and a summary that fit was left out behind a record that did not).
 Every record not sent is counted in `omitted` (records and bytes), whether a
 summary stands in for it or not; `summarized` names the ranges that summaries stand in for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,23 +100,29 @@ def select_context(
     units = sorted(others, key=max, reverse=True)
     decided: set[int] = set()  # seqs a chosen summary stands in for
     used: list[tuple[int, int, int]] = []
-    for unit in units:
+    stopped = False  # a unit did not fit: no older record is kept, but a summary still stands in
+    for unit in units:  # for the omitted records it covers, where it fits (API.md section 12)
         if unit[0] in decided:
             continue
-        cost = sum(size[s] for s in unit)
         cover = _covering(unit, summaries, used, kept)
         if cover is not None:
             inside = [u for u in units if all(cover[1] <= s <= cover[2] for s in u)]
             whole = [s for u in inside for s in u]
-            if not budget.fits(len(whole), sum(size[s] for s in whole)):
-                if not budget.fits(1, size[cover[0]]):
-                    break
-                budget.take(1, size[cover[0]])  # the summary stands in for the whole range
-                used.append(cover)
-                decided.update(whole)
-                continue
+            if stopped or not budget.fits(len(whole), sum(size[s] for s in whole)):
+                # the newest summary holding the unit that fits stands in for its whole range
+                cover = _covering(unit, summaries, used, kept, lambda seq: budget.fits(1, size[seq]))
+                if cover is not None:
+                    budget.take(1, size[cover[0]])
+                    used.append(cover)
+                    decided.update(s for u in units if all(cover[1] <= s <= cover[2] for s in u) for s in u)
+                    continue
+                stopped = True
+        if stopped:
+            continue
+        cost = sum(size[s] for s in unit)
         if not budget.fits(len(unit), cost):
-            break  # newest kept first: everything older is omitted
+            stopped = True  # newest kept first: every older record is omitted (or summarized)
+            continue
         budget.take(len(unit), cost)
         kept.update(unit)
     chosen = kept | {seq for seq, _, _ in used}
@@ -128,12 +137,17 @@ def select_context(
 
 
 def _covering(
-    unit: list[int], summaries: list[tuple[int, int, int]], used: list[tuple[int, int, int]], kept: set[int]
+    unit: list[int],
+    summaries: list[tuple[int, int, int]],
+    used: list[tuple[int, int, int]],
+    kept: set[int],
+    fits: Callable[[int], bool] = lambda seq: True,
 ) -> tuple[int, int, int] | None:
-    """The newest summary whose range holds the unit, overlaps no chosen summary and no kept record."""
+    """The newest summary whose range holds the unit, overlaps no chosen summary and no kept record,
+    and `fits` (given the summary's seq)."""
     for summary in summaries:
-        _, first, last = summary
-        if not all(first <= s <= last for s in unit):
+        seq, first, last = summary
+        if not all(first <= s <= last for s in unit) or not fits(seq):
             continue
         if any(first <= other_last and other_first <= last for _, other_first, other_last in used):
             continue
