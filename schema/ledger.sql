@@ -675,6 +675,7 @@ DECLARE
     recorded_reason jsonb;
     cur record;   -- the locked row's columns that the decision and the events read
     repeated boolean;  -- a terminal row: whether the report repeats what it records
+    lease timestamptz;  -- the lease the row keeps: none once settled, the one it had if already unknown
 BEGIN
     events := '[]';
     bound := ledger.bind_tenant(tenant);
@@ -778,10 +779,14 @@ BEGIN
     recorded_receipt := CASE WHEN outcome = 'committed' AND receipt IS NOT NULL THEN
         (doc -> 'receipt') || jsonb_build_object('recorded_by', actor, 'recorded_at', ledger.ts_text(now)) END;
     recorded_reason := CASE WHEN outcome = 'not_applied' THEN doc -> 'reason' END;
+    -- unknown reported (with the attempt's first diagnostics) on a row already unknown, its lease run
+    -- out or swept: the lease stays as it was, as without diagnostics, so `lease_expired` reads true
+    -- before and after the report (migration 0026; until then it turned false, the lease cleared)
+    lease := CASE WHEN outcome = 'unknown' AND status = 'unknown' THEN cur.lease_expires_at END;
     UPDATE ledger.operations AS t SET
         status = complete.outcome,
         receipt = recorded_receipt, not_applied_reason = recorded_reason,
-        lease_expires_at = NULL, updated_at = now,
+        lease_expires_at = lease, updated_at = now,
         resolved_at = CASE WHEN terminal THEN now END, resolved_by = CASE WHEN terminal THEN actor END,
         chain_seq = seq, chain_hash = digest,
         -- the receipt's leaf records this event's hash (API.md section 14), whatever a later

@@ -341,12 +341,22 @@ async def test_unknown_reported_with_diagnostics_after_the_lease_ran_out_keeps_t
     await expire_lease(db_url, "op-late")
     if how == "swept":
         await sweep(settings)
+    before = (await get(client, "/v1/operations/op-late")).json()
+    assert (before["status"], before["lease_expired"]) == ("unknown", True)
     report = {"token": token, "outcome": "unknown", "diagnostics": DIAGNOSTICS}
     r = await client.post("/v1/operations/op-late/complete", json=report, headers=auth())
     assert (r.status_code, r.json()["status"]) == (200, "unknown"), r.text
+    # API.md section 2: an operation unknown because its lease expired reads `lease_expired: true`;
+    # the report with diagnostics changes that no more than one without (until migration 0026 it
+    # cleared the lease: false and null)
+    lease = (before["lease_expires_at"], True)
+    assert (r.json()["lease_expires_at"], r.json()["lease_expired"]) == lease
+    after = (await get(client, "/v1/operations/op-late")).json()
+    assert (after["lease_expires_at"], after["lease_expired"]) == lease
     incident = r.json()["incident"]
     again = await client.post("/v1/operations/op-late/complete", json=report, headers=auth())
     assert (again.status_code, again.json()["incident"]) == (200, incident)
+    assert (again.json()["lease_expires_at"], again.json()["lease_expired"]) == lease
     events = (await get(client, "/v1/operations/op-late/events", **AUDITOR)).json()["items"]
     assert [(e["kind"], e["to_status"]) for e in events][-2:] == [
         ("lease_expired", "unknown"),
