@@ -940,6 +940,17 @@ CREATE FUNCTION ledger.lease_data(lease_expires_at timestamp with time zone) RET
     SELECT '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_expires_at)) || '}'
 $$;
 
+CREATE FUNCTION ledger.log_index_of(tenant text, operation_id text) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN (SELECT f.feed_position - 1 FROM ledger.feed AS f
+            WHERE f.tenant_id = log_index_of.tenant AND f.operation_id = log_index_of.operation_id
+              AND f.feed_position <= (SELECT max(c.size) FROM ledger.log_checkpoints AS c
+                                      WHERE c.tenant_id = log_index_of.tenant));
+END
+$$;
+
 CREATE FUNCTION ledger.open_tenant_batch(tenant text, lock_wait text, commands anyarray) RETURNS void
     LANGUAGE plpgsql
     AS $$

@@ -24,7 +24,7 @@ from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
 from support.auth import auth, token
 from support.console import signed_in
-from support.ledger import AUDITOR, CLAIM, RECEIPT, committed, get, owner, wait_for_size
+from support.ledger import AUDITOR, CLAIM, RECEIPT, call, claim, committed, get, owner, resolve, wait_for_size
 from support.receipt_log import (
     commit_with_a_discrepancy,
     integrate_twice,
@@ -52,6 +52,41 @@ async def logged(settings: Settings, tmp_path: Path) -> AsyncIterator[Service]:
 
 async def tile(client: httpx.AsyncClient, ref: tiles.TileRef, tenant: str = "t1") -> httpx.Response:
     return await get(client, "/v1/log/" + tiles.tile_path(ref), tenant=tenant, **AUDITOR)
+
+
+async def test_the_write_answers_carry_the_log_index_as_the_reads_do(logged: Service) -> None:
+    """API.md section 5: "Every endpoint that returns an operation returns this object"; section 14:
+    "The operation view of a logged receipt carries `"log_index": i` (else `null`)". Until migration
+    0027 only the reads carried it: a reuse_receipt claim, a repeated complete or resolve and a
+    refusal showing a committed operation answered the view without the member."""
+    async with logged.client() as client:
+        first = await claim(client, "w-0")
+        assert (first.status_code, first.json()["operation"]["log_index"]) == (201, None), first.text
+        token = first.json()["claim"]["token"]
+        report = {"token": token, "outcome": "committed", "receipt": RECEIPT}
+        done = await call(client, "w-0", "complete", report)
+        assert (done.status_code, done.json()["log_index"]) == (200, None), done.text  # not logged yet
+        await committed(client, "w-1")
+        await wait_for_size(client, 2)
+        view = (await get(client, "/v1/operations/w-1", **AUDITOR)).json()
+        assert view["log_index"] == 1
+        again = await claim(client, "w-1")
+        assert again.status_code == 200 and again.json()["action"] == "reuse_receipt", again.text
+        assert again.json()["operation"] == view  # the same view as the read, log_index included
+        repeat = await call(client, "w-0", "complete", report)
+        assert (repeat.status_code, repeat.json()["log_index"]) == (200, 0), repeat.text
+        late = await call(client, "w-0", "submit", {"token": token})
+        assert late.status_code == 409 and late.json()["operation"]["log_index"] == 0, late.text
+        conflict = await call(
+            client,
+            "w-0",
+            "complete",
+            {"token": token, "outcome": "not_applied", "reason": {"category": "other"}},
+        )
+        assert conflict.status_code == 409 and conflict.json()["code"] == "conflicting_outcome", conflict.text
+        assert conflict.json()["operation"]["log_index"] == 0
+        resolved = await resolve(client, "w-1", "committed", receipt=RECEIPT)
+        assert (resolved.status_code, resolved.json()["log_index"]) == (200, 1), resolved.text  # a repeat
 
 
 async def test_receipts_are_logged_in_feed_order_and_verify_offline(logged: Service, tmp_path: Path) -> None:

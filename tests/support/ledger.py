@@ -248,7 +248,8 @@ async def seed(conn: asyncpg.Connection, rows: Iterable[Seed], *, copy: bool = T
     )
 
 
-# The members of the operation view (docs/api.md section 5), as every operation answer carries them.
+# The members of the operation view (docs/api.md section 5), as every operation answer carries them
+# (log_index: API.md section 14, on the write calls' answers too since migration 0027).
 VIEW_KEYS = frozenset(
     {
         "operation_id",
@@ -268,6 +269,7 @@ VIEW_KEYS = frozenset(
         "submitted_at",
         "resolved_at",
         "resolved_by",
+        "log_index",
     }
 )
 

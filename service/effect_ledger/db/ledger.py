@@ -164,7 +164,8 @@ def _settle(ledger: Ledger, call: str, row: Mapping[str, Any], binding: Binding 
     if code is OutcomeCode.NOT_FOUND:
         ledger.observer.observe(call, code, ())
         return Outcome(code, None, Refusal(code, "No such operation."))
-    op, events = operation_of(row["op"], row["db_now"]), returned_events(row)
+    # every write answer's view carries log_index, as the reads' do (API.md 5, 14; migration 0027)
+    op, events = operation_of(row["op"], row["db_now"], row["log_index"], True), returned_events(row)
     if code not in REFUSALS:
         ledger.observer.observe(call, code if call == "claim" else op.effective_status, events)
         return Outcome(code, op, None, events)
@@ -233,7 +234,9 @@ async def claim(
         raise DatabaseUnavailable("claim", "OperationVanished")
     if verdict in APPROVAL_REFUSALS:  # no operation created or changed; the gate's request is the answer
         ledger.observer.observe("claim", verdict, ())
-        existing = None if row["op"] is None else operation_of(row["op"], row["db_now"])
+        existing = None
+        if row["op"] is not None:
+            existing = operation_of(row["op"], row["db_now"], row["log_index"], True)
         refusal = Refusal(verdict, _APPROVAL_DETAIL[verdict])
         approval = view_of(row["approval"], row["db_now"])
         expired = int(row["approval"].get("expired_here", 0)) if row["approval"] else 0
