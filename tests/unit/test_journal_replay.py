@@ -147,18 +147,26 @@ def test_without_bounds_every_authoritative_record_is_sent(records: list[Record]
     assert chosen.summarized == []
 
 
-def test_a_summary_stands_in_for_a_range_that_does_not_fit() -> None:
-    def msg(text: str) -> dict[str, Any]:
-        return {"type": "message", "role": "user", "content": text, "schema": 1}
+def msg(text: str) -> dict[str, Any]:
+    """A user message as stored."""
+    return {"type": "message", "role": "user", "content": text, "schema": 1}
 
-    summary = {
+
+def summary_of(first: int, last: int) -> dict[str, Any]:
+    """A summary of seqs first..last as stored."""
+    covers = {"from_seq": first, "to_seq": last}
+    return {
         "type": "summary",
-        "covers": {"from_seq": 1, "to_seq": 3},
+        "covers": covers,
         "content": "s",
         "summarizer": "z",
         "omissions": [],
         "schema": 1,
     }
+
+
+def test_a_summary_stands_in_for_a_range_that_does_not_fit() -> None:
+    summary = summary_of(1, 3)
     records: list[Record] = [(1, msg("a")), (2, msg("b")), (3, msg("c")), (4, summary), (5, msg("d"))]
     chosen = select_context(records, 2, None)
     assert isinstance(chosen, Selection)
@@ -173,18 +181,7 @@ def test_a_summary_that_fits_stands_in_behind_a_record_that_does_not() -> None:
     place". A newest record that fits, then one too big for the budget, then a summary of the two
     oldest that fits: the summary is sent beside the newest (until round 36 the walk stopped at the
     big record and the summary was omitted with everything older)."""
-
-    def msg(text: str) -> dict[str, Any]:
-        return {"type": "message", "role": "user", "content": text, "schema": 1}
-
-    summary = {
-        "type": "summary",
-        "covers": {"from_seq": 1, "to_seq": 2},
-        "content": "s",
-        "summarizer": "z",
-        "omissions": [],
-        "schema": 1,
-    }
+    summary = summary_of(1, 2)
     records: list[Record] = [(1, msg("a")), (2, msg("b")), (3, summary), (4, msg("x" * 2000)), (5, msg("e"))]
     budget = record_bytes(records[4][1]) + record_bytes(summary)
     chosen = select_context(records, None, budget)
