@@ -56,3 +56,23 @@ def test_a_token_of_no_key_in_the_set_is_401(
     with pytest.raises(LedgerError) as refused:
         verifier.verify(minted(key, kid))
     assert refused.value.code == "unauthenticated"
+
+
+def test_a_set_mixing_key_types_verifies_a_token_without_kid_of_its_second_key(tmp_path: Path) -> None:
+    """Keys of another type than the algorithm's are left out when the set is read (round 36: an RSA key
+    first in the set raised on an EdDSA token instead of failing its signature, and the token of the
+    second key was refused), and so is a key marked for encryption."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    foreign = {**json.loads(RSAAlgorithm.to_jwk(rsa_key)), "kid": "rsa"}
+    keys = tmp_path / "jwks.json"
+    keys.write_text(json.dumps({"keys": [foreign, {**jwk(OLD, "enc-only"), "use": "enc"}, jwk(NEW, "new")]}))
+    mixed = TokenVerifier(replace(Settings(), jwt_algorithm="EdDSA", jwt_public_key_file=str(keys)))
+    assert mixed.verify(minted(NEW)).principal == "exec-1"
+    with pytest.raises(LedgerError):  # the encryption key verifies no signature, with or without kid
+        mixed.verify(minted(OLD))
+    keys.write_text(json.dumps({"keys": [foreign, {**jwk(OLD, "enc-only"), "use": "enc"}]}))
+    with pytest.raises(ValueError, match="the JWKS holds no signature key for EdDSA"):
+        TokenVerifier(replace(Settings(), jwt_algorithm="EdDSA", jwt_public_key_file=str(keys)))

@@ -57,6 +57,27 @@ def _unauthenticated(detail: str) -> LedgerError:
     return LedgerError("unauthenticated", detail)
 
 
+def signing_keys(jwks: jwt.PyJWKSet, algorithm: str) -> list[jwt.PyJWK]:
+    """The keys of a JWKS that can verify `algorithm`'s signatures: of its key type (an RSA key for
+    RS256, an EC key for ES256, an OKP key for EdDSA) and not marked for encryption (`"use": "enc"`,
+    RFC 7517 section 4.2). Until round 36 every key was tried: a key of another type raised instead of
+    failing the signature, and a token without `kid` in a set that mixes key types was refused unless
+    its key came first. A set with none is a configuration error, said at start-up."""
+    verifier = jwt.get_algorithm_by_name(algorithm)
+    keys = []
+    for key in jwks.keys:
+        if key.public_key_use == "enc":
+            continue
+        try:
+            verifier.prepare_key(key.key)
+        except (TypeError, ValueError, jwt.InvalidKeyError):
+            continue
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"the JWKS holds no signature key for {algorithm}")
+    return keys
+
+
 class TokenVerifier:
     """Verifies bearer tokens with exactly one configured algorithm and key."""
 
@@ -71,7 +92,7 @@ class TokenVerifier:
         # Tokens that failed for good (bad signature, expired, malformed), with their 401's detail: a
         # flood of one bad token costs a dict lookup per request, not a signature check. Bounded, FIFO.
         self._refused: dict[str, str] = {}
-        self._jwks: jwt.PyJWKSet | None = None
+        self._jwks: list[jwt.PyJWK] | None = None
         self._key: Any
         if self.algorithm == "HS256":
             key = secret or settings.jwt_secret
@@ -83,7 +104,7 @@ class TokenVerifier:
                 raise ValueError(f"{self.algorithm} needs EFFECT_LEDGER_JWT_PUBLIC_KEY_FILE")
             text = Path(settings.jwt_public_key_file).read_text()
             if text.lstrip().startswith("{"):
-                self._jwks = jwt.PyJWKSet.from_dict(json.loads(text))
+                self._jwks = signing_keys(jwt.PyJWKSet.from_dict(json.loads(text)), self.algorithm)
             else:
                 self._key = text
         else:
@@ -96,7 +117,7 @@ class TokenVerifier:
         if self._jwks is None:
             return [self._key]
         kid = jwt.get_unverified_header(token).get("kid")
-        keys = [key.key for key in self._jwks.keys if kid is None or key.key_id == kid]
+        keys = [key.key for key in self._jwks if kid is None or key.key_id == kid]
         if not keys:
             raise _unauthenticated("The token's key is not known.")
         return keys
