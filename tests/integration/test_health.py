@@ -83,6 +83,16 @@ async def test_health_and_metrics_need_no_token(client: httpx.AsyncClient) -> No
         assert r.status_code == 200, path
 
 
+async def test_the_metrics_content_type_names_each_parameter_once(client: httpx.AsyncClient) -> None:
+    """Prometheus reads the header with Go's mime.ParseMediaType, which refuses a parameter named twice
+    (until round 36: `...; charset=utf-8; charset=utf-8`)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    r = await client.get("/metrics")
+    names = [p.split("=", 1)[0].strip() for p in r.headers["content-type"].split(";")[1:]]
+    assert r.headers["content-type"] == CONTENT_TYPE_LATEST and len(names) == len(set(names)), r.headers
+
+
 async def test_a_server_turned_read_only_is_answered_503_and_left_until_writable(
     service: Service, pg_admin_url: str
 ) -> None:

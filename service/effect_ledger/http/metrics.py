@@ -487,11 +487,17 @@ class Metrics:
             multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
-@get("/metrics", tags=["operations"], media_type=CONTENT_TYPE_LATEST)
+# prometheus_client's content type without its charset: Litestar appends `; charset=utf-8` to every
+# text/ media type, and until round 36 the header carried the parameter twice, which a Go parser
+# (mime.ParseMediaType, as Prometheus's scrape reads it) refuses as a duplicate parameter.
+EXPOSITION_TYPE = "; ".join(p for p in CONTENT_TYPE_LATEST.split("; ") if not p.startswith("charset="))
+
+
+@get("/metrics", tags=["operations"], media_type=EXPOSITION_TYPE)
 async def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text exposition; no token needed, no tenant data."""
     metrics: Metrics = request.app.state.metrics
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(), media_type=EXPOSITION_TYPE)
 
 
 def _increment_of(counter: Any) -> Any:
