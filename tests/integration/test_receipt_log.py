@@ -18,8 +18,9 @@ import asyncpg
 import httpx
 import pytest
 
+from effect_ledger.db.maintenance import purge
 from effect_ledger.domain import merkle, tiles
-from effect_ledger.domain.note import parse_checkpoint, parse_note
+from effect_ledger.domain.note import Signer, parse_checkpoint, parse_note
 from effect_ledger.domain.receipt_log import verify_proof
 from effect_ledger.settings import Settings
 from support.auth import auth, token
@@ -231,6 +232,40 @@ async def test_scopes_missing_and_not_yet_logged(settings: Settings, tmp_path: P
             (tmp_path / "receipt.json").write_text(json.dumps(forged))
             bad = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
             assert bad.returncode == 1 and "receipt_digest" in bad.stderr, (forged, bad)
+        # a receipt file holding `null` (what `jq .receipt` saves from a failed read) checks nothing:
+        # a failure (until round 36, OK); a file that is not UTF-8 text and a key file without "vkey"
+        # fail with their reason, not a traceback
+        (tmp_path / "receipt.json").write_text("null\n")
+        empty = run(*verify, "--receipt", str(tmp_path / "receipt.json"))
+        assert (empty.returncode, empty.stderr) == (
+            1,
+            "FAILED: the receipt file holds no receipt (null), so nothing was checked\n",
+        ), empty
+        (tmp_path / "binary.tlog-proof").write_bytes(b"\xff\xfe" + proof.encode())
+        binary = run(str(VERIFY), str(tmp_path / "binary.tlog-proof"), "--vkey", str(tmp_path / "key.json"))
+        assert (binary.returncode, binary.stderr) == (1, "FAILED: the proof file is not UTF-8 text\n"), binary
+        (tmp_path / "nokey.json").write_text('{"origin": "effect-ledger.local/t1"}')
+        nokey = run(str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "nokey.json"))
+        assert (nokey.returncode, nokey.stderr) == (1, 'FAILED: the key file has no "vkey"\n'), nokey
+        # key.json pins the witnesses and the quorum too (the README's session): a witness pinned there
+        # that did not cosign fails the check, as it would with --witness
+        pinned = json.loads((tmp_path / "key.json").read_text())
+        w1 = Signer("witness.example/w1", bytes(range(32))).verifier.vkey
+        pinned |= {"witnesses": [{"name": "witness.example/w1", "vkey": w1}], "quorum": 1}
+        (tmp_path / "pinned.json").write_text(json.dumps(pinned))
+        unwitnessed = run(
+            str(VERIFY), str(tmp_path / "first.tlog-proof"), "--vkey", str(tmp_path / "pinned.json")
+        )
+        assert unwitnessed.returncode == 1 and "quorum is 1" in unwitnessed.stderr, unwitnessed
+        lowered = run(
+            str(VERIFY),
+            str(tmp_path / "first.tlog-proof"),
+            "--vkey",
+            str(tmp_path / "pinned.json"),
+            "--quorum",
+            "0",
+        )
+        assert lowered.returncode == 0, lowered
         r = await client.get("/v1/log/checkpoint", headers=auth(scope="ledger:execute"))
         assert r.status_code == 403
         assert (await client.get("/v1/log/checkpoint")).status_code == 401
@@ -305,6 +340,16 @@ async def test_the_client_proves_a_receipt_and_the_logs_growth_against_pinned_ke
             await edit_receipt(running, "op-3")  # as the superuser: the view no longer matches its leaf
             with pytest.raises(ProofInvalid, match="receipt_digest"):
                 await ledger.log.prove_receipt("op-3", key.vkey)
+            # a purged receipt's view shows none: nothing to check is a failure, not a pass (until
+            # round 36 the receipt check was skipped and the proof alone answered Verified)
+            async with owner(running.settings.database_url) as superuser:
+                await superuser.execute(
+                    "UPDATE ledger.operations SET updated_at = now() - interval '31 days'"
+                    " WHERE tenant_id = 't1' AND operation_id = 'op-4'"
+                )
+            assert (await purge(running.settings)).counts["operations"] == 1
+            with pytest.raises(ProofInvalid, match="shows no receipt for 'op-4'"):
+                await ledger.log.prove_receipt("op-4", key.vkey)
 
 
 async def test_a_pass_that_fills_its_batch_is_followed_at_once(

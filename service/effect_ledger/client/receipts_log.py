@@ -85,7 +85,10 @@ class ReceiptsLog:
         # the view's JSON as the service sent it: the digest is over its exact texts (a decoded
         # and re-encoded timestamp could differ from the one the service hashed)
         view = await self._client.request("GET", f"/v1/operations/{quote(operation_id, safe='')}")
-        return verify_proof(proof, vkey, witnesses, quorum, view.json().get("receipt"))
+        receipt = view.json().get("receipt")
+        if receipt is None:  # a purged receipt's view, or a service that hides it: nothing to check
+            raise ProofInvalid(f"the service shows no receipt for {operation_id!r}, so it was not checked")
+        return verify_proof(proof, vkey, witnesses, quorum, receipt)
 
     async def prove_growth(
         self, held: str, vkey: str, witnesses: Sequence[str] = (), quorum: int | None = None

@@ -44,17 +44,21 @@ def verify_proof_file(
     receipt: str | Path | None = None,
 ) -> Verified:
     """Verify a `.tlog-proof` file (and optionally the receipt JSON file) against pinned keys; raises
-    ProofInvalid with the first reason it does not hold."""
-    text = Path(proof).read_text(encoding="utf-8")
+    ProofInvalid with the first reason it does not hold. `vkey` may be GET /v1/log/key's JSON saved to
+    a file: its witnesses and quorum are then pinned too, unless `witnesses` are given."""
+    text = _read(proof, "proof file")
     shown: Any = None
     if receipt is not None:
         try:
-            shown = json.loads(Path(receipt).read_text(encoding="utf-8"))
+            shown = json.loads(_read(receipt, "receipt file"))
         except ValueError as exc:
             raise ProofInvalid("the receipt file is not JSON") from exc
-        if isinstance(shown, dict) and "operation_id" in shown and isinstance(shown.get("receipt"), dict):
+        if isinstance(shown, dict) and "operation_id" in shown and "receipt" in shown:
             shown = shown["receipt"]  # an operation view saved whole (a receipt has no operation_id)
-    return verify_proof(text, _key(vkey), [_key(w) for w in witnesses], quorum, shown)
+        if shown is None:  # `null`: a failed read saved by `jq .receipt`, or a purged receipt's view
+            raise ProofInvalid("the receipt file holds no receipt (null), so nothing was checked")
+    key, pinned, needed = _pins(vkey, witnesses, quorum)
+    return verify_proof(text, key, pinned, needed, shown)
 
 
 def verify_consistency_files(
@@ -66,19 +70,65 @@ def verify_consistency_files(
     quorum: int | None = None,
 ) -> Consistent:
     """Verify that the checkpoint in file `new` extends the one in file `old` (each a checkpoint or a
-    proof file) by the consistency proof in file `proof`; raises ProofInvalid with the first reason."""
-    older, newer, hashes = (Path(name).read_text(encoding="utf-8") for name in (old, new, proof))
-    return verify_consistency_of(older, newer, hashes, _key(vkey), [_key(w) for w in witnesses], quorum)
+    proof file) by the consistency proof in file `proof`; raises ProofInvalid with the first reason.
+    `vkey` as verify_proof_file takes it."""
+    older, newer = _read(old, "old checkpoint file"), _read(new, "new checkpoint file")
+    hashes = _read(proof, "consistency proof file")
+    key, pinned, needed = _pins(vkey, witnesses, quorum)
+    return verify_consistency_of(older, newer, hashes, key, pinned, needed)
+
+
+def _read(path: str | Path, what: str) -> str:
+    """A file's text; one that is not UTF-8 is a ProofInvalid naming it (until round 36, a traceback)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProofInvalid(f"the {what} is not UTF-8 text") from exc
+
+
+def _pins(vkey: str, witnesses: Sequence[str], quorum: int | None) -> tuple[str, list[str], int | None]:
+    """The log's key, the witnesses' keys and the quorum to check with: as given, and where `vkey` is
+    GET /v1/log/key's JSON and no witness is given, its witnesses and its quorum (unless `quorum` is):
+    the README's session pins all four in key.json (until round 36 only its vkey was read, and a proof
+    without the pinned witnesses' cosignatures verified)."""
+    if witnesses:
+        return _key(vkey), [_key(w) for w in witnesses], quorum
+    document = _key_document(vkey)
+    if document is None or not document.get("witnesses"):
+        return _key(vkey), [], quorum
+    try:
+        pinned = [str(w["vkey"]) for w in document["witnesses"]]
+        needed = int(document.get("quorum", len(pinned))) if quorum is None else quorum
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ProofInvalid("the key file's witnesses are not GET /v1/log/key's") from exc
+    return _key(vkey), pinned, needed
+
+
+def _key_document(value: str) -> dict[str, Any] | None:
+    """GET /v1/log/key's JSON, when `value` is the path of a file holding it."""
+    path = Path(value)
+    if "+" in value or not path.is_file():
+        return None
+    text = _read(path, "key file").strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ProofInvalid("the key file is not JSON") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("vkey"), str):
+        raise ProofInvalid('the key file has no "vkey"')
+    return document
 
 
 def _key(value: str) -> str:
     """A vkey given inline, or the path of a file holding it (or GET /v1/log/key's JSON)."""
+    document = _key_document(value)
+    if document is not None:
+        return str(document["vkey"])
     path = Path(value)
     if "+" not in value and path.is_file():
-        text = path.read_text(encoding="utf-8").strip()
-        if text.startswith("{"):
-            return str(json.loads(text)["vkey"])
-        return text
+        return _read(path, "key file").strip()
     return value
 
 
