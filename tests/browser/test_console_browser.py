@@ -127,7 +127,10 @@ async def seed_committed(service: Service, op: str, sub: str = "exec-1") -> None
     claimed = await api(
         service, "POST", f"/v1/operations/{op}/claim", {**CLAIM, "intent": {"op": op}}, sub=sub
     )
-    receipt = {"external_ref": f"ch_{op[-4:]}", "result": {"amount": 1200, "currency": "EUR"}}
+    # a result line wider than a phone: the page must wrap or scroll it inside its card (round 36)
+    descriptor = f"CHECKOUT ORDER {op.upper()} FOR CART 81 OF THE SPRING CAMPAIGN, CAPTURED IN FULL"
+    result = {"amount": 1200, "currency": "EUR", "statement_descriptor": descriptor}
+    receipt = {"external_ref": f"ch_{op[-4:]}", "result": result}
     body = {"token": claimed["claim"]["token"], "outcome": "committed", "receipt": receipt}
     await api(service, "POST", f"/v1/operations/{op}/complete", body, sub=sub)
 
@@ -326,7 +329,12 @@ async def test_every_main_page_passes_axe_and_fits_a_phone(console: Service, bro
     # A phone: 375 px wide, nothing scrolls sideways, the queue stacks into cards.
     phone = await new_page(browser, console, 375, 812)
     await sign_in(phone, token(sub="oncall-ana", scope=RECONCILER))
-    for path in ("/console/unknown", "/console/operations/charge-7781", "/console/receipts"):
+    for path in (
+        "/console/unknown",
+        "/console/operations/charge-7781",
+        "/console/operations/charge-7701",  # a committed receipt whose result has a long line
+        "/console/receipts",
+    ):
         await phone.goto(path)
         assert await phone.evaluate("() => document.documentElement.scrollWidth") <= 375, path
         findings += await serious(axe, phone)

@@ -115,6 +115,23 @@ async def test_bad_tokens_and_forged_login_forms_are_refused_without_echo(client
     assert r.status_code == 303 and r.headers["location"] == "/console/login"
 
 
+async def test_sign_in_goes_on_only_to_a_console_path(client: httpx.AsyncClient) -> None:
+    """`next` is only ever a /console/ path: another origin, a protocol-relative URL and a dot segment
+    that leaves the console (`/console/../v1/x`, which the browser resolves to /v1/x: until round 36 it
+    was followed) all go to the overview instead."""
+    bearer = token(scope="ledger:reconcile", sub="rec-1")
+    for asked, went in (
+        ("/console/unknown", "/console/unknown"),
+        ("/console/../v1/operations", "/console/"),
+        ("/console/./unknown", "/console/"),
+        ("//evil.example/console/", "/console/"),
+        ("https://evil.example/console/", "/console/"),
+        ("/console//evil.example", "/console/"),
+    ):
+        answer = await sign_in(client, bearer, asked)
+        assert (answer.status_code, answer.headers["location"]) == (303, went), asked
+
+
 async def test_a_session_whose_token_expired_goes_back_to_sign_in(service: Service) -> None:
     expired = mint_token(TEST_SECRET, "t1", "rec-1", RECONCILER, Settings(), 60, now=int(time.time()) - 600)
     value = Sealer(session_key(None, TEST_SECRET)).seal(

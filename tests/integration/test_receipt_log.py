@@ -300,6 +300,7 @@ async def test_console_shows_the_log_index_its_proof_and_the_checkpoint(
         await edit_receipt(running, "op-1")  # as the superuser, after it was logged
         page = await client.get("/console/operations/op-1")
         assert "Its proof does not verify" in page.text and "receipt_digest" in page.text
+        assert '<dd id="log-index">1</dd>' in page.text  # the index stays shown beside the failure
         await signed_in(client, token(scope="ledger:reconcile", sub="rec-1"))
         assert 'id="log-index"' not in (await client.get("/console/operations/op-2")).text  # audit only
 

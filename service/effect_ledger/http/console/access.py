@@ -40,7 +40,9 @@ async def checked_form(request: Request[Any, Any, Any], session: ConsoleSession)
 
 
 def safe_next(value: str | None) -> str:
-    """Where to go after signing in: only a console path of this site, never another origin."""
-    if value and _NEXT.match(value) and "//" not in value:
+    """Where to go after signing in: only a console path of this site, never another origin, and no
+    dot segment (until round 36 `/console/../v1/x` matched, and the browser resolved it out of the
+    console)."""
+    if value and _NEXT.match(value) and "//" not in value and not {".", ".."} & set(value.split("/")):
         return value
     return "/console/"

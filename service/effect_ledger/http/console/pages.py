@@ -108,14 +108,14 @@ async def log_facts(
         if error.code == "not_yet_logged":
             return {"index": None, "state": "pending", "detail": error.detail.lower().rstrip(".")}
         raise
-    except receipt_log.LogTampered:
-        return {"index": None, "state": "bad", "detail": "the stored entry no longer matches the log"}
+    except receipt_log.LogTampered:  # the index the read found stays shown beside the failure (round 36)
+        return {"index": op.log_index, "state": "bad", "detail": "the stored entry no longer matches the log"}
     vkey = await signer.vkey(origin_of(settings.log_origin, tenant))
     witnesses = [w.vkey for w in config.items]
     try:
         verified = verify_proof(text, vkey, witnesses, config.quorum, op.receipt)
     except ProofInvalid as invalid:
-        return {"index": None, "state": "bad", "detail": str(invalid)}
+        return {"index": op.log_index, "state": "bad", "detail": str(invalid)}
     return {"index": verified.index, "size": verified.size, "state": "ok", "detail": verified.line}
 
 
