@@ -153,8 +153,11 @@ def recover_command(args: argparse.Namespace, settings: Settings) -> int:
             report = asyncio.run(_recover(args, ready))
         except Exception as exc:
             from effect_ledger.db.receipt_log import RecoveryError
+            from effect_ledger.signer import SignRefused
 
-            if isinstance(exc, RecoveryError):
+            # a remote signer refuses to record a loss itself (it is decided on the signer's host,
+            # `log-signer --accept-loss`): said as a refusal with its reason, not a traceback (round 36)
+            if isinstance(exc, RecoveryError | SignRefused):
                 print(json.dumps({"log_recover": "refused", "reason": str(exc)}), file=sys.stderr)
                 return 1
             raise

@@ -764,6 +764,16 @@ async def test_signer_process_and_witness_cosign_the_checkpoint(settings: Settin
                 )  # fmt: skip
         state = json.loads((tmp_path / "witness" / "state.json").read_text())
         assert state["effect-ledger.local/t1"]["size"] == 4
+        # a database behind this signer (its log state rolled back as a restore would), and the loss
+        # accepted from the service's side: a remote signer records a loss only on its own host, and
+        # log-recover says so as a refusal, exit 1 (until round 36, a traceback)
+        async with superuser(settings.database_url or "") as admin:
+            await admin.execute("UPDATE ledger.log_state SET size = 0 WHERE tenant_id = 't1'")
+        recover_env = env | {"EFFECT_LEDGER_DATABASE_URL": settings.database_url or ""}
+        refused = cli("log-recover", "--accept-loss", "--reason", "drill", *tokened, env=recover_env)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        answer = json.loads(refused.stderr.strip().splitlines()[-1])
+        assert answer["log_recover"] == "refused" and "log-signer --accept-loss" in answer["reason"], answer
 
 
 async def test_a_checkpoint_signed_at_start_up_reaches_the_witnesses(

@@ -49,8 +49,9 @@ def verify_proof_file(
     text = _read(proof, "proof file")
     shown: Any = None
     if receipt is not None:
+        given = _read(receipt, "receipt file")
         try:
-            shown = json.loads(_read(receipt, "receipt file"))
+            shown = json.loads(given)
         except ValueError as exc:
             raise ProofInvalid("the receipt file is not JSON") from exc
         if isinstance(shown, dict) and "operation_id" in shown and "receipt" in shown:
