@@ -154,14 +154,34 @@ async def test_an_upstream_that_drops_the_connection_mid_call_leaves_the_outcome
             }
             stored = await ledger_get(ledger, gw.tenant, f"/v1/operations/{operation_id}")
             assert stored.json()["status"] == "unknown"
-            # The upstream is gone: a wrapped call is refused before any claim, and nothing runs.
+            # The upstream is gone: the ledger still answers first (API.md 16's claim rows). The call
+            # that dropped is unknown (until round 36: `not_executed`, retryable, before any claim) ...
+            again = await gw.call("up__slow", {"seconds": 30})
+            assert again.structured_content == {
+                "code": "outcome_unknown",
+                "operation_id": operation_id,
+                "retry": False,
+            }, again.structured_content
+            # ... and a new one is claimed, never submitted, recorded not applied; nothing runs.
             refused = await gw.call("up__charge", {"amount": 1})
             assert refused.structured_content is not None
             assert (refused.structured_content["code"], refused.structured_content["reason"]) == (
                 "not_executed",
                 "upstream_gone",
             )
-            assert [op["tool"] for op in await operations(ledger, gw.tenant)] == ["up__slow"]
+            assert refused.structured_content["retry"] is True
+            charge = await ledger_get(
+                ledger, gw.tenant, f"/v1/operations/{refused.structured_content['operation_id']}"
+            )
+            assert (charge.json()["status"], charge.json()["submitted_at"]) == ("not_applied", None)
+            assert charge.json()["not_applied_reason"] == {
+                "category": "cancelled_before_submit",
+                "detail_code": "upstream_gone",
+            }
+            assert sorted(op["tool"] for op in await operations(ledger, gw.tenant)) == [
+                "up__charge",
+                "up__slow",
+            ]
             assert len(gw.executions()) == 1
     finally:
         kill_all(processes_mentioning(str(count_file)))

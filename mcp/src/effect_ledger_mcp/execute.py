@@ -131,11 +131,14 @@ class Executor:
         """The whole answer table of API.md section 16 for one wrapped call."""
         operation_id = call.identity.operation_id
         timeout = call.decision.timeout_seconds
-        if not call.server.alive:
-            return answers.problem(
-                "not_executed", operation_id, retry=True, reason="upstream_gone", message="upstream closed"
-            )
         refused = call.invalid_arguments
+        # An upstream whose connection closed is claimed all the same, never submitted: the ledger's
+        # answer comes first (a committed ID replays its result, an unknown one is outcome_unknown, a
+        # live one in progress: API.md 16's claim rows), and only an attempt it grants is recorded not
+        # applied. Until round 36 such a call was refused before the claim, as `not_executed` and
+        # retryable, even for an operation that had run.
+        gone = not call.server.alive
+        sends = refused is None and not gone  # arguments the schema refuses are never submitted
         try:
             claimed = await self.ledger.claim(
                 operation_id,
@@ -143,8 +146,8 @@ class Executor:
                 tool_version=call.tool_version,
                 intent=call.identity.intent,
                 lease_seconds=min(3600, math.ceil(timeout) + LEASE_MARGIN_SECONDS),
-                submit=refused is None,  # arguments the schema refuses are never submitted
-                effect_ref=call.identity.effect_ref if refused is None else None,
+                submit=sends,
+                effect_ref=call.identity.effect_ref if sends else None,
             )
         except LedgerProblem as problem:
             return self._refused(operation_id, problem)
@@ -156,6 +159,19 @@ class Executor:
             return answers.replay(claimed.operation, structured_required=call.structured_output)
         assert claimed.claim is not None
         token = claimed.claim.token
+        if gone:  # claimed, not submitted, nothing sent upstream: recorded not applied
+            reason = NotAppliedReason(category="cancelled_before_submit", detail_code="upstream_gone")
+            view = await self._record(
+                operation_id, token, "not_applied", reason=reason, status_if_lost="pending"
+            )
+            return answers.problem(
+                "not_executed",
+                operation_id,
+                retry=True,
+                status=view,
+                reason="upstream_gone",
+                message="upstream closed",
+            )
         if refused is not None:  # claimed, not submitted: recorded not applied, nothing sent upstream
             reason = NotAppliedReason(category="validation", detail_code="invalid_params")
             view = await self._record(
