@@ -64,6 +64,17 @@ POSITIVES = [
     pytest.param("clt_" + base64.urlsafe_b64encode(bytes(range(32))).rstrip(b"=").decode(), id="claim-token"),
     pytest.param("password=" + "hunter22", id="password-assignment"),
     pytest.param("api_key: " + "a1b2c3d4e5", id="api-key-assignment"),
+    # round 36 (an audit stored each of these):
+    pytest.param('{"password": "' + "Hunter22x" + '"}', id="password-json-member"),
+    pytest.param('{"api_key": "' + MIXED[:16] + '"}', id="api-key-json-member"),
+    pytest.param("Bearer%20" + MIXED[:20], id="bearer-percent-encoded"),
+    pytest.param("api key " + MIXED[:20], id="api-key-prose"),
+    pytest.param(
+        "https://hooks.slack.com/services/T0" + "ABCDEF/B0ABCDEF/" + MIXED[:24], id="slack-webhook-url"
+    ),
+    pytest.param(
+        "https://discord.com/api/webhooks/123456789012345678/" + MIXED + "_-ab", id="discord-webhook-url"
+    ),
 ]
 
 NEGATIVES = [
@@ -105,6 +116,10 @@ NEGATIVES = [
     pytest.param("connection reset by peer after 5000ms", id="prose"),
     pytest.param("x-ratelimit-remaining-tokens", id="header-name"),
     pytest.param("", id="empty"),
+    pytest.param("api key missing", id="api-key-prose-word"),
+    pytest.param("the api key was rejected by upstream", id="api-key-prose-sentence"),
+    pytest.param("password: Invalid", id="password-word"),
+    pytest.param("see https://hooks.slack.com/ for webhooks", id="slack-docs-url"),
 ]
 
 

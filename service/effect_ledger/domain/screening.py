@@ -26,6 +26,8 @@ _VENDOR_KEYS = re.compile(
     | (?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])             # Google API key
     | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY(?:\ BLOCK)?-----                  # PEM / PGP private key
     | (?<![A-Za-z0-9_])clt_[A-Za-z0-9_-]{40,}                              # claim tokens, domain/tokens
+    | hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]{20,}  # Slack webhook (its path)
+    | discord(?:app)?\.com/api/webhooks/[0-9]+/[A-Za-z0-9_-]{30,}         # Discord webhook token
     """,
     re.VERBOSE,
 )
@@ -35,14 +37,18 @@ _VENDOR_KEYS = re.compile(
 _SK_KEY = re.compile(r"(?<![A-Za-z0-9_-])sk-([A-Za-z0-9_-]{20,})")
 
 # RFC 7235 credentials: scheme, whitespace, token68.
-_AUTH_SCHEME = re.compile(r"(?i)(?<![A-Za-z0-9])(bearer|basic)\s+([A-Za-z0-9._~+/-]+=*)")
+# A percent-encoded space (a header value pasted from a URL) is a space (round 36).
+_AUTH_SCHEME = re.compile(r"(?i)(?<![A-Za-z0-9])(bearer|basic)(?:\s+|%20)([A-Za-z0-9._~+/-]+=*)")
 
 _JWT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_-]{10,})\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*")
 
-# "password=hunter22" or "api_key: abc123" inside free text, a config dump or a query string.
+# "password=hunter22" or "api_key: abc123" inside free text, a config dump or a query string; also a
+# JSON member ('"password": "hunter22"': the key's closing quote before the colon) and "api key X"
+# written as prose (round 36: both were stored). The value must still look like one (_is_secret_value).
 _ASSIGNMENT = re.compile(
-    r"(?i)(?<![A-Za-z0-9])(?:password|passwd|pwd|secret|client_secret|api[_-]?key|access[_-]?key"
-    r"|(?:access|refresh|auth|id)[_-]?token|token)\s*[=:]\s*['\"]?([^\s'\"&,;<>()\[\]{}]{6,})"
+    r"(?i)(?<![A-Za-z0-9])(?:(?:password|passwd|pwd|secret|client_secret|api[_-]?key|access[_-]?key"
+    r"|(?:access|refresh|auth|id)[_-]?token|token)['\"]?\s*[=:]|api[ _-]?key\s)\s*['\"]?"
+    r"([^\s'\"&,;<>()\[\]{}]{6,})"
 )
 
 _URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s\"'<>]+")
