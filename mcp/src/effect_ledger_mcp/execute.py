@@ -31,6 +31,7 @@ from effect_ledger.client import (
     SensitiveValueRejected,
     ValidationFailed,
 )
+from effect_ledger.client.models import Category
 from effect_ledger.domain.canonical import CanonicalizationError, canonical_json
 from effect_ledger_mcp import answers
 from effect_ledger_mcp.config import Decision
@@ -160,37 +161,28 @@ class Executor:
         assert claimed.claim is not None
         token = claimed.claim.token
         if gone:  # claimed, not submitted, nothing sent upstream: recorded not applied
-            reason = NotAppliedReason(category="cancelled_before_submit", detail_code="upstream_gone")
-            view = await self._record(
-                operation_id, token, "not_applied", reason=reason, status_if_lost="pending"
+            return await self._not_sent(
+                operation_id, token, "cancelled_before_submit", "upstream_gone", "upstream closed"
             )
-            return answers.problem(
-                "not_executed",
-                operation_id,
-                retry=True,
-                status=view,
-                reason="upstream_gone",
-                message="upstream closed",
-            )
-        if refused is not None:  # claimed, not submitted: recorded not applied, nothing sent upstream
-            reason = NotAppliedReason(category="validation", detail_code="invalid_params")
-            view = await self._record(
-                operation_id, token, "not_applied", reason=reason, status_if_lost="pending"
-            )
-            return answers.problem(
-                "not_executed",
-                operation_id,
-                retry=True,
-                status=view,
-                reason="invalid_params",
-                message=refused,
-            )
+        if refused is not None:  # likewise: arguments the tool's schema refuses
+            return await self._not_sent(operation_id, token, "validation", "invalid_params", refused)
         started = time.monotonic()
         try:
             result = await call.server.call(call.tool, call.identity.forwarded, timeout)
         except BaseException as exc:
             return await self._failed(call, token, exc, started)
         return await self._answered(call, token, result)
+
+    async def _not_sent(
+        self, operation_id: str, token: str, category: Category, detail: str, message: str
+    ) -> CallToolResult:
+        """A claimed attempt never submitted and nothing sent upstream: recorded not applied (its
+        reason `category` and `detail`), answered `not_executed`, retryable."""
+        reason = NotAppliedReason(category=category, detail_code=detail)
+        view = await self._record(operation_id, token, "not_applied", reason=reason, status_if_lost="pending")
+        return answers.problem(
+            "not_executed", operation_id, retry=True, status=view, reason=detail, message=message
+        )
 
     def _refused(self, operation_id: str, problem: LedgerProblem) -> CallToolResult:
         """A claim the ledger did not grant: its answer, and nothing sent upstream."""
