@@ -92,45 +92,40 @@ def _pins(vkey: str, witnesses: Sequence[str], quorum: int | None) -> tuple[str,
     GET /v1/log/key's JSON and no witness is given, its witnesses and its quorum (unless `quorum` is):
     the README's session pins all four in key.json (until round 36 only its vkey was read, and a proof
     without the pinned witnesses' cosignatures verified)."""
+    key, document = _key_given(vkey)
     if witnesses:
-        return _key(vkey), [_key(w) for w in witnesses], quorum
-    document = _key_document(vkey)
+        return key, [_key(w) for w in witnesses], quorum
     if document is None or not document.get("witnesses"):
-        return _key(vkey), [], quorum
+        return key, [], quorum
     try:
         pinned = [str(w["vkey"]) for w in document["witnesses"]]
         needed = int(document.get("quorum", len(pinned))) if quorum is None else quorum
     except (TypeError, KeyError, ValueError) as exc:
         raise ProofInvalid("the key file's witnesses are not GET /v1/log/key's") from exc
-    return _key(vkey), pinned, needed
+    return key, pinned, needed
 
 
-def _key_document(value: str) -> dict[str, Any] | None:
-    """GET /v1/log/key's JSON, when `value` is the path of a file holding it."""
+def _key_given(value: str) -> tuple[str, dict[str, Any] | None]:
+    """A vkey given inline, or the path of a file holding it, read once; with GET /v1/log/key's JSON
+    in that file, the vkey and the whole document (its witnesses and quorum, for _pins)."""
     path = Path(value)
     if "+" in value or not path.is_file():
-        return None
+        return value, None
     text = _read(path, "key file").strip()
     if not text.startswith("{"):
-        return None
+        return text, None
     try:
         document = json.loads(text)
     except ValueError as exc:
         raise ProofInvalid("the key file is not JSON") from exc
     if not isinstance(document, dict) or not isinstance(document.get("vkey"), str):
         raise ProofInvalid('the key file has no "vkey"')
-    return document
+    return document["vkey"], document
 
 
 def _key(value: str) -> str:
     """A vkey given inline, or the path of a file holding it (or GET /v1/log/key's JSON)."""
-    document = _key_document(value)
-    if document is not None:
-        return str(document["vkey"])
-    path = Path(value)
-    if "+" not in value and path.is_file():
-        return _read(path, "key file").strip()
-    return value
+    return _key_given(value)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,18 +105,15 @@ def select_context(
         if unit[0] in decided:
             continue
         cover = _covering(unit, summaries, used, kept)
-        if cover is not None:
-            inside = [u for u in units if all(cover[1] <= s <= cover[2] for s in u)]
-            whole = [s for u in inside for s in u]
-            if stopped or not budget.fits(len(whole), sum(size[s] for s in whole)):
-                # the newest summary holding the unit that fits stands in for its whole range
-                cover = _covering(unit, summaries, used, kept, lambda seq: budget.fits(1, size[seq]))
-                if cover is not None:
-                    budget.take(1, size[cover[0]])
-                    used.append(cover)
-                    decided.update(s for u in units if all(cover[1] <= s <= cover[2] for s in u) for s in u)
-                    continue
-                stopped = True
+        if cover is not None and (stopped or not _fits_whole(budget, _seqs_in(units, cover), size)):
+            # the newest summary holding the unit that fits stands in for its whole range
+            fitting = _covering(unit, summaries, used, kept, lambda seq: budget.fits(1, size[seq]))
+            if fitting is not None:
+                budget.take(1, size[fitting[0]])
+                used.append(fitting)
+                decided.update(_seqs_in(units, fitting))
+                continue
+            stopped = True
         if stopped:
             continue
         cost = sum(size[s] for s in unit)
@@ -134,6 +131,17 @@ def select_context(
         [{"from_seq": first, "to_seq": last} for _, first, last in sorted(used, key=lambda t: t[1])],
         unresolved,
     )
+
+
+def _seqs_in(units: list[list[int]], summary: tuple[int, int, int]) -> list[int]:
+    """The seqs of the units a summary's range holds whole."""
+    _, first, last = summary
+    return [s for unit in units if all(first <= s <= last for s in unit) for s in unit]
+
+
+def _fits_whole(budget: _Budget, seqs: list[int], size: Mapping[int, int]) -> bool:
+    """Whether every one of these records fits the remaining budget."""
+    return budget.fits(len(seqs), sum(size[s] for s in seqs))
 
 
 def _covering(
