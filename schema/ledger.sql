@@ -940,6 +940,13 @@ CREATE FUNCTION ledger.lease_data(lease_expires_at timestamp with time zone) RET
     SELECT '{"lease_expires_at":' || ledger.jcs_string(ledger.ts_text(lease_expires_at)) || '}'
 $$;
 
+CREATE FUNCTION ledger.log_index_for(tenant text, op ledger.operations, outcome text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN (op).status = 'committed' AND outcome NOT IN ('completed', 'resolved')
+                THEN ledger.log_index_of(tenant, (op).operation_id) END
+$$;
+
 CREATE FUNCTION ledger.log_index_of(tenant text, operation_id text) RETURNS bigint
     LANGUAGE plpgsql STABLE
     AS $$

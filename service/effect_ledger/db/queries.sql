@@ -13,38 +13,35 @@ SELECT $1::text AS tenant, tenancy.bind_setting('effect_ledger.tenant', $1::text
 -- `op` is the operation row after the call as one composite column (NULL when there is none): the
 -- server sends it as one binary record instead of expanding 28 field selections through the
 -- FunctionScan (-0.22 M instructions per cycle over asyncpg, docs/performance.md round 5).
--- `log_index` (migration 0027): the view's log index for that row, as read_operation has it; looked
--- up only for a committed row the call did not commit itself (a reuse_receipt claim, a repeated
--- complete or resolve, a refusal showing a committed row), NULL otherwise (API.md sections 5, 14).
+-- `log_index` (migrations 0027, 0028): the view's log index for that row, as read_operation has it;
+-- ledger.log_index_for, inlined, looks it up only for a committed row the call did not commit itself
+-- (a reuse_receipt claim, a repeated complete or resolve, a refusal showing a committed row), NULL
+-- otherwise (API.md sections 5, 14).
 -- ---------------------------------------------------------------------------------------------
 
 -- name: run_claim
 -- Claim (and, with $11, submit) an operation ID in one round trip; $13 is the approval policy's ask
 -- (NULL: no rule covers the tool), and `approval` the request the gate spoke of (migration 0011).
 SELECT c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) AS c;
 
 -- name: run_submit
 -- Submit (pending -> submitted) in one round trip.
 SELECT c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.submit($1, $2, $3, $4, $5) AS c;
 
 -- name: run_heartbeat
 -- Extend a lease in one round trip.
 SELECT c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.heartbeat($1, $2, $3, $4) AS c;
 
 -- name: run_complete
 -- Complete (with complete(unknown)'s incident, when $8 is given) in one round trip.
 SELECT c.outcome_code AS outcome, c.events, c.db_now, c.incident_ref, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome_code NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome_code) AS log_index
 FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
 
 -- The batch forms (db/batching.py: natural batching): the same function once per command, in one
@@ -55,8 +52,7 @@ FROM ledger.complete($1, $2, $3, $4, $5, $6, $7, $8) AS c;
 -- name: run_claim_batch
 -- Claims of one batch: $2 the commands (run_claim's parameters, the command's place `i` first).
 SELECT b.i, c.outcome, c.events, c.db_now, to_jsonb(c.approval) AS approval, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of(b.tenant, (c.op).operation_id) END AS log_index
+       ledger.log_index_for(b.tenant, c.op, c.outcome) AS log_index
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
 CROSS JOIN unnest($2::ledger.claim_command[]) AS b
 CROSS JOIN LATERAL ledger.claim(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END, b.operation_id,
@@ -66,8 +62,7 @@ CROSS JOIN LATERAL ledger.claim(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.te
 -- name: run_submit_batch
 -- Submits of one batch.
 SELECT b.i, c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of(b.tenant, (c.op).operation_id) END AS log_index
+       ledger.log_index_for(b.tenant, c.op, c.outcome) AS log_index
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
 CROSS JOIN unnest($2::ledger.submit_command[]) AS b
 CROSS JOIN LATERAL ledger.submit(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END, b.operation_id,
@@ -76,8 +71,7 @@ CROSS JOIN LATERAL ledger.submit(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.t
 -- name: run_heartbeat_batch
 -- Heartbeats of one batch.
 SELECT b.i, c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of(b.tenant, (c.op).operation_id) END AS log_index
+       ledger.log_index_for(b.tenant, c.op, c.outcome) AS log_index
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
 CROSS JOIN unnest($2::ledger.heartbeat_command[]) AS b
 CROSS JOIN LATERAL ledger.heartbeat(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END,
@@ -86,8 +80,7 @@ CROSS JOIN LATERAL ledger.heartbeat(CASE WHEN cfg.lock_timeout IS NOT NULL THEN 
 -- name: run_complete_batch
 -- Completes of one batch.
 SELECT b.i, c.outcome_code AS outcome, c.events, c.db_now, c.incident_ref, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome_code NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of(b.tenant, (c.op).operation_id) END AS log_index
+       ledger.log_index_for(b.tenant, c.op, c.outcome_code) AS log_index
 FROM (SELECT set_config('lock_timeout', $1::text, true)) AS cfg (lock_timeout)
 CROSS JOIN unnest($2::ledger.complete_command[]) AS b
 CROSS JOIN LATERAL ledger.complete(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b.tenant END,
@@ -100,36 +93,31 @@ CROSS JOIN LATERAL ledger.complete(CASE WHEN cfg.lock_timeout IS NOT NULL THEN b
 -- name: run_claim_tenant_batch
 -- Claims of one tenant's batch.
 SELECT c.i, c.outcome, c.events, c.db_now, c.approval, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.claim_tenant_batch($1, $2, $3) AS c;
 
 -- name: run_submit_tenant_batch
 -- Submits of one tenant's batch.
 SELECT c.i, c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.submit_tenant_batch($1, $2, $3) AS c;
 
 -- name: run_heartbeat_tenant_batch
 -- Heartbeats of one tenant's batch.
 SELECT c.i, c.outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.heartbeat_tenant_batch($1, $2, $3) AS c;
 
 -- name: run_complete_tenant_batch
 -- Completes of one tenant's batch.
 SELECT c.i, c.outcome, c.events, c.db_now, c.incident_ref, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome) AS log_index
 FROM ledger.complete_tenant_batch($1, $2, $3) AS c;
 
 -- name: run_resolve
 -- Resolve (or record an unresolved look-up) in one round trip.
 SELECT c.outcome_code AS outcome, c.events, c.db_now, c.op,
-       CASE WHEN (c.op).status = 'committed' AND c.outcome_code NOT IN ('completed', 'resolved')
-                 THEN ledger.log_index_of($1, (c.op).operation_id) END AS log_index
+       ledger.log_index_for($1, c.op, c.outcome_code) AS log_index
 FROM ledger.resolve($1, $2, $3, $4, $5, $6, $7) AS c;
 
 -- name: run_sweep
