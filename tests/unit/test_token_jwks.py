@@ -71,8 +71,10 @@ def test_a_set_mixing_key_types_verifies_a_token_without_kid_of_its_second_key(t
     keys.write_text(json.dumps({"keys": [foreign, {**jwk(OLD, "enc-only"), "use": "enc"}, jwk(NEW, "new")]}))
     mixed = TokenVerifier(replace(Settings(), jwt_algorithm="EdDSA", jwt_public_key_file=str(keys)))
     assert mixed.verify(minted(NEW)).principal == "exec-1"
-    with pytest.raises(LedgerError):  # the encryption key verifies no signature, with or without kid
-        mixed.verify(minted(OLD))
+    for kid in (None, "enc-only"):  # the encryption key verifies no signature, with or without kid
+        with pytest.raises(LedgerError) as refused:
+            mixed.verify(minted(OLD, kid))
+        assert refused.value.code == "unauthenticated"
     keys.write_text(json.dumps({"keys": [foreign, {**jwk(OLD, "enc-only"), "use": "enc"}]}))
     with pytest.raises(ValueError, match="the JWKS holds no signature key for EdDSA"):
         TokenVerifier(replace(Settings(), jwt_algorithm="EdDSA", jwt_public_key_file=str(keys)))
